@@ -1,0 +1,32 @@
+"""Test setup: CPU with 8 simulated devices (set before jax is imported), shared checkpoints."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """family -> folder of a tiny random checkpoint, written once per session on demand."""
+    from tgix import testing
+
+    cache: dict[str, object] = {}
+
+    def get(family: str):
+        if family not in cache:
+            cache[family] = testing.write_tiny_checkpoint(family, tmp_path_factory.mktemp(family))
+        return cache[family]
+
+    return get
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Keep converted-tokenizer caches out of the user's home during tests."""
+    monkeypatch.setenv("TGIX_CACHE", str(tmp_path_factory.getbasetemp() / "tgix-cache"))

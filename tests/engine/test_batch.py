@@ -1,0 +1,35 @@
+"""pack_step: the exact metadata arrays for ragged rows, padding, and bad input."""
+
+import numpy as np
+import pytest
+
+from tgix.engine.batch import RowInput, pack_step
+
+
+def test_two_rows_prefill_and_decode_exact_arrays():
+    rows = [RowInput([11, 12, 13], 0, [5, 2]), RowInput([21], 6, [7, 3])]
+    a = pack_step(rows, page_size=4, num_tokens=6, num_rows=3, pages_per_row=3)
+    np.testing.assert_array_equal(a["token_ids"], [11, 12, 13, 21, 0, 0])
+    np.testing.assert_array_equal(a["positions"], [0, 1, 2, 6, 0, 0])
+    # row 1 position 6 -> its second page (3), offset 2 -> slot 3 * 4 + 2
+    np.testing.assert_array_equal(a["slot_mapping"], [20, 21, 22, 14, 0, 0])
+    np.testing.assert_array_equal(a["token_rows"], [0, 0, 0, 1, 0, 0])
+    np.testing.assert_array_equal(a["cu_q_lens"], [0, 3, 4, 4])
+    np.testing.assert_array_equal(a["kv_lens"], [3, 7, 0])
+    np.testing.assert_array_equal(a["page_table"], [[5, 2, 0], [7, 3, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(a["logits_indices"], [2, 3, 0])
+    assert all(v.dtype == np.int32 for v in a.values())
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([RowInput([1] * 5, 0, [1])], "do not fit"),  # 5 tokens, one page of 4
+        ([RowInput([1], 0, [1])] * 3, "exceed the bucket"),  # 3 rows > 2
+        ([RowInput([1] * 9, 0, [1, 2, 3])], "exceed the bucket"),  # 9 tokens > 8
+        ([RowInput([], 0, [1])], "do not fit"),
+    ],
+)
+def test_rejects_what_does_not_fit(rows, message):
+    with pytest.raises(ValueError, match=message):
+        pack_step(rows, page_size=4, num_tokens=8, num_rows=2, pages_per_row=2)

@@ -1,0 +1,55 @@
+"""Reference paged attention against a per-token numpy loop over contiguous histories."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tgix.engine.batch import RowInput, pack_step
+from tgix.models.attention import AttentionMetadata, reference_attention, write_kv
+
+N, K, H, PAGE = 6, 2, 8, 4
+FIELDS = ("positions", "slot_mapping", "token_rows", "cu_q_lens", "kv_lens", "page_table")
+
+
+def naive(q, keys, values, q_pos, window):
+    """q [N, H] at position q_pos attends to keys/values [S, K, H] at positions 0..q_pos."""
+    g = N // K
+    out = np.zeros((N, H))
+    for head in range(N):
+        kv_head = head // g
+        lo = 0 if window is None else max(0, q_pos - window + 1)
+        s = keys[lo : q_pos + 1, kv_head] @ q[head] / np.sqrt(H)
+        p = np.exp(s - s.max())
+        out[head] = (p / p.sum()) @ values[lo : q_pos + 1, kv_head]
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_matches_naive_for_ragged_rows_with_padding(window):
+    rng = np.random.default_rng(0)
+    # row a: 5 cached + 2 new over pages [3, 1]; row b: 0 cached + 3 new on page [6]
+    history = {"a": rng.normal(size=(2, 7, K, H)), "b": rng.normal(size=(2, 3, K, H))}
+    rows = [RowInput([0, 0], 5, [3, 1]), RowInput([0, 0, 0], 0, [6])]
+    arrays = pack_step(rows, page_size=PAGE, num_tokens=8, num_rows=4, pages_per_row=3)
+    md = AttentionMetadata(**{f: jnp.asarray(arrays[f]) for f in FIELDS})
+    k_pages = jnp.zeros((8, PAGE, K, H))
+    v_pages = jnp.zeros((8, PAGE, K, H))
+    # cached history of row a (positions 0..4) written directly into its pages
+    for pos in range(5):
+        slot = [3, 1][pos // PAGE] * PAGE + pos % PAGE
+        k_pages = write_kv(k_pages, jnp.asarray(history["a"][0][pos][None]), jnp.array([slot]))
+        v_pages = write_kv(v_pages, jnp.asarray(history["a"][1][pos][None]), jnp.array([slot]))
+    new_k = np.concatenate([history["a"][0][5:], history["b"][0], np.zeros((3, K, H))])
+    new_v = np.concatenate([history["a"][1][5:], history["b"][1], np.zeros((3, K, H))])
+    k_pages = write_kv(k_pages, jnp.asarray(new_k), md.slot_mapping)
+    v_pages = write_kv(v_pages, jnp.asarray(new_v), md.slot_mapping)
+    q = rng.normal(size=(8, N, H))
+    out = np.asarray(
+        reference_attention(
+            jnp.asarray(q, jnp.float32), k_pages, v_pages, md, sliding_window=window
+        )
+    )
+    for t, (name, pos) in enumerate([("a", 5), ("a", 6), ("b", 0), ("b", 1), ("b", 2)]):
+        keys, values = history[name]
+        np.testing.assert_allclose(out[t], naive(q[t], keys, values, pos, window), atol=1e-5)
+    assert np.isfinite(out).all()  # padding tokens too

@@ -1,0 +1,81 @@
+"""The paged-attention contract (metadata + KV page layout) and its pure-jnp reference backend.
+
+KV pages, per layer: k_pages and v_pages of shape [num_pages, page_size, K, H]. Page 0 is the
+null page: padding tokens write there and padded page-table entries point there, and it is
+never read unmasked. A step packs the new tokens of several requests (rows) on one token axis T;
+the metadata says, per token, where its K/V go and which row it belongs to, and per row, which
+pages hold its history. Faster backends (Pallas) implement the same `attend` signature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+# Finite, so a padding token whose row is empty gets a uniform (discarded) average, not NaN.
+_MASKED = -1e30
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttentionMetadata:
+    """Per-step device arrays; built on the host by tgix.engine.batch.pack_step.
+
+    positions     [T] int32  absolute position of each token in its request
+    slot_mapping  [T] int32  page * page_size + offset where the token's K/V are written (0: pad)
+    token_rows    [T] int32  row (request) of each token
+    cu_q_lens     [R+1] int32 start of each row's tokens on the T axis (for kernel backends)
+    kv_lens       [R] int32  KV length of each row after this step (0 for padding rows)
+    page_table    [R, P] int32 pages of each row in position order, padded with 0
+    """
+
+    positions: jax.Array
+    slot_mapping: jax.Array
+    token_rows: jax.Array
+    cu_q_lens: jax.Array
+    kv_lens: jax.Array
+    page_table: jax.Array
+
+
+def write_kv(pages: jax.Array, new: jax.Array, slot_mapping: jax.Array) -> jax.Array:
+    """Scatter new K or V [T, K, H] into pages [num_pages, page_size, K, H] at slot_mapping."""
+    num_pages, page_size, k, h = pages.shape
+    flat = pages.reshape(num_pages * page_size, k, h)
+    return flat.at[slot_mapping].set(new.astype(pages.dtype)).reshape(pages.shape)
+
+
+def reference_attention(
+    q: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    md: AttentionMetadata,
+    *,
+    sliding_window: int | None = None,
+) -> jax.Array:
+    """Masked GQA over each token's row of pages, softmax in float32: the correctness oracle.
+
+    q [T, N, H]; k_pages, v_pages [num_pages, page_size, K, H] (already holding this step's
+    K/V); returns [T, N, H] in q's dtype. Memory is O(T * S * K * H) with S = P * page_size,
+    fine for tests and small steps; kernel backends replace it where speed matters.
+    """
+    t, n, h = q.shape
+    _, page_size, k, _ = k_pages.shape
+    g = n // k
+    pages_of_token = md.page_table[md.token_rows]  # [T, P]
+    s = pages_of_token.shape[1] * page_size
+    k_tok = k_pages[pages_of_token].reshape(t, s, k, h)  # [T, S, K, H]
+    v_tok = v_pages[pages_of_token].reshape(t, s, k, h)  # [T, S, K, H]
+    q_grouped = q.reshape(t, k, g, h).astype(jnp.float32)
+    scores = jnp.einsum("tkgh,tskh->tkgs", q_grouped, k_tok.astype(jnp.float32)) * h**-0.5
+
+    kv_pos = jnp.arange(s, dtype=jnp.int32)[None, :]  # [1, S]
+    q_pos = md.positions[:, None]  # [T, 1]
+    valid = (kv_pos <= q_pos) & (kv_pos < md.kv_lens[md.token_rows][:, None])  # [T, S]
+    if sliding_window is not None:
+        valid &= kv_pos > q_pos - sliding_window  # transformers: kv > q - window
+    scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1)  # [T, K, G, S] float32
+    out = jnp.einsum("tkgs,tskh->tkgh", probs, v_tok.astype(jnp.float32))
+    return out.reshape(t, n, h).astype(q.dtype)

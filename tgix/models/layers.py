@@ -1,0 +1,150 @@
+"""Decoder building blocks: Dense with logical axes, RMSNorm, rotary embeddings, gated MLP.
+
+Shape letters used in every einsum and shape comment of tgix:
+  T tokens of a step (ragged requests packed on one axis)   R requests (rows) of a step
+  S KV positions of a row          P pages per row           V vocabulary
+  D model width                    F MLP width               L layers
+  N query heads                    K KV heads                G = N // K      H head dim
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from tgix.models.config import ModelConfig, RopeConfig, yarn_attention_factor
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, std: float):
+    """A parameter tagged with logical axes; tgix/sharding/rules.py maps them to the mesh."""
+    value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+    return nnx.Param(value, axes=axes)
+
+
+class Dense(nnx.Module):
+    """y = einsum(x, kernel) (+ bias). Kernels keep head axes explicit, e.g. q_proj [D, N, H]."""
+
+    def __init__(self, spec: str, kernel_shape, kernel_axes, *, bias: bool, rngs, dtype):
+        self.spec = spec  # e.g. "td,dnh->tnh"
+        num_out = len(spec.split("->")[1]) - 1
+        self.kernel = _param(
+            rngs, kernel_shape, kernel_axes, dtype, np.prod(kernel_shape[:-num_out]) ** -0.5
+        )
+        self.bias = (
+            _param(rngs, kernel_shape[-num_out:], kernel_axes[-num_out:], dtype, 0.0)
+            if bias
+            else None
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jnp.einsum(self.spec, x, self.kernel[...])
+        return y if self.bias is None else y + self.bias[...]
+
+
+class RMSNorm(nnx.Module):
+    """x / rms(x) * weight, computed in float32 (as transformers does), cast back to x's dtype."""
+
+    def __init__(self, size: int, eps: float, *, dtype):
+        self.eps = eps
+        self.weight = nnx.Param(jnp.ones((size,), dtype), axes=("norm",))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...] * x32.astype(x.dtype)
+
+
+class GatedMLP(nnx.Module):
+    """down(silu(gate(x)) * up(x)): [T, D] -> [T, F] -> [T, D]."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs, dtype):
+        d, f, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj = Dense(
+            "td,df->tf", (d, f), ("embed", "mlp"), bias=bias, rngs=rngs, dtype=dtype
+        )
+        self.up_proj = Dense(
+            "td,df->tf", (d, f), ("embed", "mlp"), bias=bias, rngs=rngs, dtype=dtype
+        )
+        self.down_proj = Dense(
+            "tf,fd->td", (f, d), ("mlp", "embed"), bias=bias, rngs=rngs, dtype=dtype
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def inv_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
+    """[H/2] inverse frequencies for the static rope types (transformers' rope init rules)."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    inv_freq = (1.0 / rope.theta**exponents).astype(np.float32)
+    if rope.rope_type == "linear":
+        return inv_freq / np.float32(rope.factor)
+    if rope.rope_type == "llama3":
+        old_len = rope.original_max_position
+        low_wavelen = old_len / rope.low_freq_factor
+        high_wavelen = old_len / rope.high_freq_factor
+        wavelen = 2 * np.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_len / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return np.where(is_medium, smoothed, scaled).astype(np.float32)
+    if rope.rope_type == "yarn":
+        return _yarn_inv_frequencies(rope, head_dim)
+    return inv_freq  # "default", and "dynamic" before the context outgrows max_position
+
+
+def _yarn_inv_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
+    """YaRN: blend interpolated and extrapolated frequencies with a linear ramp over dims."""
+    base, dim, original = rope.theta, head_dim, rope.original_max_position
+
+    def correction_dim(num_rotations: float) -> float:
+        return dim * np.log(original / (num_rotations * 2 * np.pi)) / (2 * np.log(base))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = np.floor(low), np.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    extrapolation_weight = 1 - ramp
+    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    inv_extra, inv_inter = 1.0 / pos_freqs, 1.0 / (rope.factor * pos_freqs)
+    blended = inv_inter * (1 - extrapolation_weight) + inv_extra * extrapolation_weight
+    return blended.astype(np.float32)
+
+
+def rope_cos_sin(
+    cfg: ModelConfig, positions: jax.Array, context_lens: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """cos, sin of shape [T, H] (float32) for each token's position.
+
+    `context_lens` [T] is the KV length of each token's request after this step: "dynamic" NTK
+    rope grows its base with it, exactly as transformers does per forward for one sequence.
+    """
+    rope, head_dim = cfg.rope, cfg.head_dim
+    if rope.rope_type == "dynamic":
+        seq_len = jnp.maximum(context_lens, cfg.max_position).astype(jnp.float32)  # [T]
+        scale = rope.factor * seq_len / cfg.max_position - (rope.factor - 1)
+        base = rope.theta * scale ** (head_dim / (head_dim - 2))  # [T]
+        exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
+        inv_freq = 1.0 / base[:, None] ** exponents[None, :]  # [T, H/2]
+    else:
+        inv_freq = jnp.asarray(inv_frequencies(rope, head_dim))[None, :]  # [1, H/2]
+    angles = positions.astype(jnp.float32)[:, None] * inv_freq  # [T, H/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)  # [T, H]
+    scale = yarn_attention_factor(rope) if rope.rope_type == "yarn" else 1.0
+    return jnp.cos(angles) * scale, jnp.sin(angles) * scale
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate-half rope on [T, heads, H] with cos/sin [T, H]; computed in float32."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos[:, None, :] + rotated * sin[:, None, :]).astype(x.dtype)

@@ -1,0 +1,153 @@
+"""Checkpoint tensors -> model parameters placed on a mesh, with completeness checks.
+
+One table maps transformers names to parameter paths plus a transform (transpose, head split).
+Each tensor is read, transformed, cast and `device_put` straight to its NamedSharding, one at a
+time, so the host never holds a second full copy of the model. Afterwards every parameter must
+have been set exactly once and every checkpoint tensor used or explicitly ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from tgix.models.checkpoint import CheckpointError, TensorSource
+from tgix.models.config import ModelConfig
+from tgix.sharding.rules import sharding_for
+
+Transform = Callable[[np.ndarray], np.ndarray]
+Path = tuple[str | int, ...]
+
+# Tensors transformers may save that carry no parameters of ours.
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq|.*\.masked_bias|.*\.attn\.bias")
+
+
+def _weight_table(
+    cfg: ModelConfig,
+) -> list[tuple[re.Pattern, Callable[[re.Match], Path], Transform]]:
+    """(name pattern, parameter path, transform) rows; HF linear weights are [out, in]."""
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    ident: Transform = lambda w: w
+    transpose: Transform = lambda w: w.T
+    layer = r"model\.layers\.(\d+)\."
+
+    def at(*tail: str) -> Callable[[re.Match], Path]:
+        return lambda m: ("layers", int(m.group(1)), *tail)
+
+    rows = [
+        (r"model\.embed_tokens\.weight", lambda m: ("embed_tokens", "embedding"), ident),
+        (r"model\.norm\.weight", lambda m: ("norm", "weight"), ident),
+        (layer + r"input_layernorm\.weight", at("input_layernorm", "weight"), ident),
+        (
+            layer + r"post_attention_layernorm\.weight",
+            at("post_attention_layernorm", "weight"),
+            ident,
+        ),
+        (
+            layer + r"self_attn\.q_proj\.weight",
+            at("self_attn", "q_proj", "kernel"),
+            lambda w: w.T.reshape(d, n, h),
+        ),
+        (
+            layer + r"self_attn\.k_proj\.weight",
+            at("self_attn", "k_proj", "kernel"),
+            lambda w: w.T.reshape(d, k, h),
+        ),
+        (
+            layer + r"self_attn\.v_proj\.weight",
+            at("self_attn", "v_proj", "kernel"),
+            lambda w: w.T.reshape(d, k, h),
+        ),
+        (
+            layer + r"self_attn\.o_proj\.weight",
+            at("self_attn", "o_proj", "kernel"),
+            lambda w: w.T.reshape(n, h, d),
+        ),
+        (
+            layer + r"self_attn\.q_proj\.bias",
+            at("self_attn", "q_proj", "bias"),
+            lambda b: b.reshape(n, h),
+        ),
+        (
+            layer + r"self_attn\.k_proj\.bias",
+            at("self_attn", "k_proj", "bias"),
+            lambda b: b.reshape(k, h),
+        ),
+        (
+            layer + r"self_attn\.v_proj\.bias",
+            at("self_attn", "v_proj", "bias"),
+            lambda b: b.reshape(k, h),
+        ),
+        (layer + r"self_attn\.o_proj\.bias", at("self_attn", "o_proj", "bias"), ident),
+        (layer + r"self_attn\.q_norm\.weight", at("self_attn", "q_norm", "weight"), ident),
+        (layer + r"self_attn\.k_norm\.weight", at("self_attn", "k_norm", "weight"), ident),
+    ]
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        rows.append((layer + rf"mlp\.{proj}\.weight", at("mlp", proj, "kernel"), transpose))
+        rows.append((layer + rf"mlp\.{proj}\.bias", at("mlp", proj, "bias"), ident))
+    if not cfg.tie_word_embeddings:
+        rows.append((r"lm_head\.weight", lambda m: ("lm_head", "weight"), ident))
+    return [(re.compile(pattern), path, transform) for pattern, path, transform in rows]
+
+
+def _match(table, name: str) -> tuple[Path, Transform] | None:
+    for pattern, path_of, transform in table:
+        m = pattern.fullmatch(name)
+        if m:
+            return path_of(m), transform
+    return None
+
+
+def load_weights(
+    model_abstract: nnx.Module, cfg: ModelConfig, source: TensorSource, mesh: Mesh, dtype
+) -> nnx.Module:
+    """Fill an abstract model (from `nnx.eval_shape`) with checkpoint tensors on `mesh`.
+
+    Raises CheckpointError naming the tensor on: an unexpected tensor, a shape mismatch, a
+    tensor set twice, or a parameter the checkpoint lacks.
+    """
+    graphdef, state = nnx.split(model_abstract)
+    expected: dict[Path, nnx.Variable] = dict(nnx.to_flat_state(state))
+    table = _weight_table(cfg)
+    loaded: dict[Path, nnx.Variable] = {}
+    for name in source.names():
+        hit = _match(table, name)
+        if hit is None:
+            if _IGNORED.fullmatch(name) or (cfg.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            raise CheckpointError(
+                f"unexpected tensor {name!r}: no parameter of {cfg.model_type} uses it"
+            )
+        path, transform = hit
+        if path not in expected:
+            raise CheckpointError(
+                f"unexpected tensor {name!r}: this config has no {'.'.join(map(str, path))}"
+            )
+        if path in loaded:
+            raise CheckpointError(f"tensor {name!r} is set twice")
+        var = expected[path]
+        raw = source.read(name)
+        try:
+            value = transform(raw)
+        except ValueError as e:
+            raise CheckpointError(
+                f"tensor {name!r} has shape {raw.shape}, cannot fit {var.shape}"
+            ) from e
+        if value.shape != tuple(var.shape):
+            raise CheckpointError(
+                f"tensor {name!r} has shape {raw.shape}; expected one mapping to {tuple(var.shape)}"
+            )
+        host = np.ascontiguousarray(value, dtype=dtype)
+        loaded[path] = var.replace(jax.device_put(host, sharding_for(mesh, var.axes)))
+        del raw, value, host
+    missing = [".".join(map(str, p)) for p in expected if p not in loaded]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"
+        )
+    return nnx.merge(graphdef, nnx.from_flat_state(list(loaded.items())))

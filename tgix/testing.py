@@ -1,0 +1,236 @@
+"""Test support: tiny random transformers checkpoints and a small byte-level BPE tokenizer.
+
+torch/transformers are imported lazily so this module imports without them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Any
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+TOKENIZER_VOCAB_SIZE = 300
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Qwen2-style pipeline (NFC, this split, byte-level): transformers forces its own Qwen2Tokenizer
+# pipeline onto `qwen2` checkpoints, so matching it keeps every loader tokenizing identically.
+_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. A small model is served on a tiny machine, "
+    "and the tests check that every number it prints matches the reference to the last digit.\n",
+    "Once upon a time there was a little engine that could. It read the weights from the disk, "
+    "split them across the devices, and then it answered each question with care and patience.\n",
+    "In the morning the sun rose over the hills; in the evening the rain fell on the river. "
+    "People walked to the market, bought bread and apples, and talked about the weather.\n",
+    "Hello, world! How are you today? I am fine, thank you. What is the time? It is ten to nine.\n",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 42 100 256 1024 2048 3.14159 2.71828 -7 +8 1e-6 0x1F\n",
+    '{"name": "tgix", "version": [0, 1, 0], "ok": true, "items": [{"id": 1}, {"id": 2}], '
+    '"value": null, "ratio": 0.5}\n',
+    "Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u00fcber se\u00f1or \u00e9t\u00e9 \u00e0 la carte. "
+    "\u4e2d\u6587 \u65e5\u672c\u8a9e \ud55c\uad6d\uc5b4 \U0001f600 \U0001f680 \u2764\ufe0f\n",
+)
+
+_BASE = {
+    "vocab_size": 320,
+    "hidden_size": 40,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 56,
+    "num_hidden_layers": 3,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "tie_word_embeddings": False,
+    "bos_token_id": BOS_ID,
+    "eos_token_id": EOS_ID,
+    "pad_token_id": PAD_ID,
+}
+
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+
+# family -> (transformers config class name, overrides on top of _BASE)
+_FAMILY_OVERRIDES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {}),
+    "llama3": ("LlamaConfig", {"rope_parameters": _LLAMA3_ROPE}),
+    "llama32": ("LlamaConfig", {"rope_parameters": _LLAMA3_ROPE, "tie_word_embeddings": True}),
+    "llama_bias": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
+    "llama_linear": (
+        "LlamaConfig",
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
+    ),
+    "llama_dynamic": (
+        "LlamaConfig",
+        {
+            "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+            "max_position_embeddings": 16,
+        },
+    ),
+    "llama_yarn": (
+        "LlamaConfig",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+    ),
+    "smollm": (
+        "LlamaConfig",
+        {
+            "rope_parameters": {"rope_type": "default", "rope_theta": 100000.0},
+            "tie_word_embeddings": True,
+        },
+    ),
+    "mistral": ("MistralConfig", {"sliding_window": 5}),
+    "qwen2": ("Qwen2Config", {"use_sliding_window": False, "sliding_window": None}),
+    "qwen3": (
+        "Qwen3Config",
+        {"attention_bias": False, "use_sliding_window": False, "sliding_window": None},
+    ),
+}
+
+FAMILIES: tuple[str, ...] = tuple(_FAMILY_OVERRIDES)
+
+
+def _make_config(family: str):
+    """Build the transformers config object for ``family``."""
+    import transformers
+
+    if family not in _FAMILY_OVERRIDES:
+        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    class_name, overrides = _FAMILY_OVERRIDES[family]
+    kwargs = json.loads(json.dumps({**_BASE, **overrides}))  # deep copy
+    return getattr(transformers, class_name)(**kwargs)
+
+
+def tiny_hf_config(family: str) -> dict:
+    """The config.json dict (as transformers would write it) for ``family``."""
+    config = _make_config(family)
+    config.architectures = [type(config).__name__.replace("Config", "ForCausalLM")]
+    config.dtype = "float32"
+    return json.loads(config.to_json_string())
+
+
+def _reinit_(model, seed: int) -> None:
+    """Re-initialise every parameter so activations and logits are O(1), not near zero."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    done: set[int] = set()
+
+    def fill(param, std: float, mean: float = 0.0) -> None:
+        if id(param) in done:  # a tied weight is filled once, as the lm_head
+            return
+        noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
+        param.copy_(mean + std * noise)
+        done.add(id(param))
+
+    with torch.no_grad():
+        # lm_head (and so a tied embedding) gets std D**-0.25: logits std ~ D**0.25, peaked enough
+        # that greedy picks are not near-ties, yet far from one-hot.
+        fill(model.get_output_embeddings().weight, model.config.hidden_size**-0.25)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                fill(module.weight, 1.0)
+            elif isinstance(module, torch.nn.Linear):
+                fill(module.weight, 1.0 / math.sqrt(module.in_features))
+                if module.bias is not None:
+                    fill(module.bias, 0.2)
+            elif type(module).__name__.endswith("RMSNorm"):
+                fill(module.weight, 0.2, mean=1.0)
+    missed = [name for name, p in model.named_parameters() if id(p) not in done]
+    if missed:
+        raise RuntimeError(f"parameters not re-initialised: {missed}")
+
+
+def write_tiny_checkpoint(
+    family: str, path, *, seed: int = 0, sharded: bool = False
+) -> pathlib.Path:
+    """Save a random tiny ``family`` model (safetensors, >=2 shards if ``sharded``) + tokenizer."""
+    import torch
+    import transformers
+
+    path = pathlib.Path(path)
+    config = _make_config(family)
+    torch.manual_seed(seed)
+    model_class = getattr(transformers, type(config).__name__.replace("Config", "ForCausalLM"))
+    model = model_class(config).to(torch.float32).eval()
+    _reinit_(model, seed)
+    shard = {"max_shard_size": "100KB"} if sharded else {}
+    model.save_pretrained(path, safe_serialization=True, **shard)
+    write_test_tokenizer(path)
+    return path
+
+
+def _train_tokenizer():
+    """Train the byte-level BPE deterministically on the in-module corpus."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    return tok
+
+
+def write_test_tokenizer(path) -> None:
+    """Write tokenizer.json / tokenizer_config.json (ChatML template) for the test BPE."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=_train_tokenizer(),
+        bos_token=SPECIAL_TOKENS[BOS_ID],
+        eos_token=SPECIAL_TOKENS[EOS_ID],
+        pad_token=SPECIAL_TOKENS[PAD_ID],
+        unk_token=None,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(path))
+
+
+def load_reference_model(path):
+    """transformers' PyTorch model for ``path``: float32, eval mode, eager attention."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=torch.float32, attn_implementation="eager"
+    )
+    return model.eval()
