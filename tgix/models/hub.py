@@ -81,19 +81,27 @@ def _download(repo_id: str, revision: str | None, token: str | None, cache_dir: 
     import huggingface_hub
 
     api = huggingface_hub.HfApi(token=token)
+    where = f"{repo_id}@{revision or 'main'}"
     try:
         files = api.list_repo_files(repo_id, revision=revision)
-    except huggingface_hub.errors.HfHubHTTPError as e:
-        raise CheckpointError(f"cannot list {repo_id}@{revision or 'main'} on the Hub: {e}") from e
     except huggingface_hub.errors.OfflineModeIsEnabled:
-        files = None  # offline: trust the local cache
+        files = None  # HF_HUB_OFFLINE: trust the local cache
+    except Exception as e:  # HTTP errors, DNS/connection failures: all mean "not reachable"
+        raise CheckpointError(f"cannot list {where} on the Hub ({type(e).__name__}: {e})") from e
     if files is not None and not any(f.endswith(".safetensors") for f in files):
         pickles = [f for f in files if f.endswith(PICKLE_SUFFIXES)]
         what = f"only pickled weights ({', '.join(pickles[:4])})" if pickles else "no weights"
         raise CheckpointError(
             f"{repo_id} has {what}; tgix loads safetensors only (pickle can run arbitrary code)"
         )
-    folder = huggingface_hub.snapshot_download(
-        repo_id, revision=revision, token=token, cache_dir=cache_dir, allow_patterns=_HUB_PATTERNS
-    )
+    try:
+        folder = huggingface_hub.snapshot_download(
+            repo_id,
+            revision=revision,
+            token=token,
+            cache_dir=cache_dir,
+            allow_patterns=_HUB_PATTERNS,
+        )
+    except Exception as e:
+        raise CheckpointError(f"cannot download {where} ({type(e).__name__}: {e})") from e
     return Path(folder)
