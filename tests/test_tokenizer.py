@@ -7,6 +7,8 @@ import pytest
 from tgix.models.hub import ModelFiles, default_model_file
 from tgix.tokenizer import load_tokenizer
 
+TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+
 
 @pytest.fixture(scope="module")
 def tiny(tiny_checkpoints):
@@ -33,7 +35,7 @@ def test_tokenizer_config_path_overrides_template_and_eos(tiny_checkpoints, tmp_
     override.write_text(
         json.dumps(
             {
-                "chat_template": "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}",
+                "chat_template": TEMPLATE,
                 "eos_token": {"content": "<|endoftext|>"},
             }
         )

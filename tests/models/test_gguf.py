@@ -24,6 +24,13 @@ TO_GGUF = {
 }
 
 
+GLOBAL_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
 def llama_cpp_permute(w: np.ndarray, num_heads: int) -> np.ndarray:
     """What llama.cpp's HF->GGUF converter does to Llama q/k rows (interleaved rope pairs)."""
     return (
