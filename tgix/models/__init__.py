@@ -81,6 +81,6 @@ def load_model(
     cfg = ModelConfig.from_hf(hf_config)
     mesh = mesh or make_mesh()
     check_fits(cfg, mesh)
-    dtype = dtype or default_dtype()
+    dtype = jnp.dtype(dtype or default_dtype())  # accepts "bfloat16" etc.
     model = load_weights(build_model(cfg, dtype=dtype, abstract=True), cfg, source, mesh, dtype)
     return LoadedModel(model=model, config=cfg, files=files, mesh=mesh)
