@@ -94,8 +94,10 @@ _FAMILY_OVERRIDES: dict[str, tuple[str, dict[str, Any]]] = {
                 "rope_type": "yarn",
                 "rope_theta": 10000.0,
                 "factor": 4.0,
-                "original_max_position_embeddings": 16,
-            }
+                # 64 puts the YaRN ramp over dims 0..3 of the 8 frequencies: some are blended
+                "original_max_position_embeddings": 64,
+            },
+            "max_position_embeddings": 256,
         },
     ),
     "smollm": (
