@@ -53,3 +53,12 @@ def test_matches_naive_for_ragged_rows_with_padding(window):
         keys, values = history[name]
         np.testing.assert_allclose(out[t], naive(q[t], keys, values, pos, window), atol=1e-5)
     assert np.isfinite(out).all()  # padding tokens too
+
+
+def test_unknown_backend_is_refused():
+    from tgix import build_model, testing
+    from tgix.models.config import ModelConfig
+
+    cfg = ModelConfig.from_hf(testing.tiny_hf_config("llama"))
+    with pytest.raises(ValueError, match="attention backend 'pallas'; known: \\['reference'\\]"):
+        build_model(cfg, attention="pallas", abstract=True)

@@ -43,10 +43,13 @@ def default_dtype():
     return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
-def build_model(cfg: ModelConfig, *, dtype=None, seed: int = 0, abstract: bool = False):
+def build_model(
+    cfg: ModelConfig, *, dtype=None, seed: int = 0, abstract: bool = False, attention="reference"
+):
     """A decoder with random weights, or (abstract=True) its shapes only, allocating nothing."""
     cls = ARCHITECTURES[cfg.model_type]
-    make = lambda: cls(cfg, rngs=nnx.Rngs(seed), dtype=dtype or default_dtype())
+    dtype = dtype or default_dtype()
+    make = lambda: cls(cfg, rngs=nnx.Rngs(seed), dtype=dtype, attention=attention)
     return nnx.eval_shape(make) if abstract else make()
 
 
@@ -66,6 +69,7 @@ def load_model(
     cache_dir: str | None = None,
     dtype=None,
     mesh: Mesh | None = None,
+    attention: str = "reference",
 ) -> LoadedModel:
     """Load a checkpoint (folder, .gguf, Hub id; None = the embedded SmolLM2) onto `mesh`."""
     files = resolve_model(model_id, revision=revision, token=token, cache_dir=cache_dir)
@@ -82,5 +86,6 @@ def load_model(
     mesh = mesh or make_mesh()
     check_fits(cfg, mesh)
     dtype = jnp.dtype(dtype or default_dtype())  # accepts "bfloat16" etc.
-    model = load_weights(build_model(cfg, dtype=dtype, abstract=True), cfg, source, mesh, dtype)
+    abstract = build_model(cfg, dtype=dtype, abstract=True, attention=attention)
+    model = load_weights(abstract, cfg, source, mesh, dtype)
     return LoadedModel(model=model, config=cfg, files=files, mesh=mesh)

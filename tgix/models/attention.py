@@ -79,3 +79,8 @@ def reference_attention(
     probs = jax.nn.softmax(scores, axis=-1)  # [T, K, G, S] float32
     out = jnp.einsum("tkgs,tskh->tkgh", probs, v_tok.astype(jnp.float32))
     return out.reshape(t, n, h).astype(q.dtype)
+
+
+# name -> attend(q, k_pages, v_pages, md, *, sliding_window) -> [T, N, H]. Kernel backends
+# (Pallas for GPU/TPU) register here and are tested against "reference".
+ATTENTION_BACKENDS = {"reference": reference_attention}

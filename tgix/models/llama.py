@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tgix.models.attention import AttentionMetadata, reference_attention, write_kv
+from tgix.models.attention import ATTENTION_BACKENDS, AttentionMetadata, write_kv
 from tgix.models.config import ModelConfig
 from tgix.models.layers import Dense, GatedMLP, RMSNorm, apply_rope, rope_cos_sin
 
@@ -29,8 +29,9 @@ class LayerKV(NamedTuple):
 class Attention(nnx.Module):
     """Grouped-query self-attention over the paged KV cache."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs, dtype):
+    def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs, dtype, backend: str):
         d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.backend = backend
         qkv = dict(bias=cfg.qkv_bias, rngs=rngs, dtype=dtype)
         self.q_proj = Dense("td,dnh->tnh", (d, n, h), ("embed", "heads", "head_dim"), **qkv)
         self.k_proj = Dense("td,dkh->tkh", (d, k, h), ("embed", "kv_heads", "head_dim"), **qkv)
@@ -54,16 +55,17 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kv = LayerKV(write_kv(kv.k, k, md.slot_mapping), write_kv(kv.v, v, md.slot_mapping))
-        out = reference_attention(q, kv.k, kv.v, md, sliding_window=self.sliding_window)
+        attend = ATTENTION_BACKENDS[self.backend]
+        out = attend(q, kv.k, kv.v, md, sliding_window=self.sliding_window)
         return self.o_proj(out), kv
 
 
 class DecoderLayer(nnx.Module):
     """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs, dtype):
+    def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs, dtype, backend: str):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        self.self_attn = Attention(cfg, layer, rngs=rngs, dtype=dtype)
+        self.self_attn = Attention(cfg, layer, rngs=rngs, dtype=dtype, backend=backend)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         self.mlp = GatedMLP(cfg, rngs=rngs, dtype=dtype)
 
@@ -93,13 +95,23 @@ class LMHead(nnx.Module):
 
 
 class LlamaForCausalLM(nnx.Module):
-    """The decoder. `dtype` is the parameter and activation dtype; logits are float32."""
+    """The decoder. `dtype` is the parameter and activation dtype; logits are float32.
+    `attention` names an entry of ATTENTION_BACKENDS (all share the paged contract)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32):
+    def __init__(
+        self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, attention="reference"
+    ):
+        if attention not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention backend {attention!r}; known: {sorted(ATTENTION_BACKENDS)}"
+            )
         self.cfg = cfg
         self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs, dtype=dtype)
         self.layers = nnx.List(
-            [DecoderLayer(cfg, i, rngs=rngs, dtype=dtype) for i in range(cfg.num_layers)]
+            [
+                DecoderLayer(cfg, i, rngs=rngs, dtype=dtype, backend=attention)
+                for i in range(cfg.num_layers)
+            ]
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         self.lm_head = (
