@@ -33,3 +33,12 @@ def test_double_free_and_null_page_refused():
         pool.free([0])
     with pytest.raises(ValueError):
         PageAllocator(num_pages=1, page_size=4)
+
+
+def test_failed_free_frees_nothing():
+    pool = PageAllocator(num_pages=4, page_size=4)
+    pages = pool.allocate(2)
+    with pytest.raises(ValueError):
+        pool.free([pages[0], 3])  # 3 was never handed out
+    assert pool.num_used == 2
+    pool.free(pages)

@@ -53,9 +53,11 @@ class PageAllocator:
         return pages
 
     def free(self, pages: Iterable[int]) -> None:
+        pages = list(pages)
+        bad = [p for p in pages if p not in self._used]
+        if bad or len(set(pages)) != len(pages):  # validate all first: free nothing on error
+            raise ValueError(f"page {(bad or pages)[0]} is not allocated (double free?)")
         for page in pages:
-            if page not in self._used:
-                raise ValueError(f"page {page} is not allocated (double free?)")
             self._used.remove(page)
             self._free.append(page)
 

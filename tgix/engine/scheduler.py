@@ -23,16 +23,17 @@ class SchedulerConfig:
     chunked_prefill: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_batch_prefill_tokens < 1:
-            raise ValueError(f"max_batch_prefill_tokens must be > 0: {self.max_batch_prefill_tokens}")
-        if self.max_batch_total_tokens is not None and self.max_batch_total_tokens < 1:
-            raise ValueError(f"max_batch_total_tokens must be > 0: {self.max_batch_total_tokens}")
-        if self.max_batch_size is not None and self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be > 0: {self.max_batch_size}")
-        if self.max_waiting_tokens < 0:
-            raise ValueError(f"max_waiting_tokens must be >= 0: {self.max_waiting_tokens}")
-        if not self.waiting_served_ratio >= 0:  # also refuses NaN
-            raise ValueError(f"waiting_served_ratio must be >= 0: {self.waiting_served_ratio}")
+        total, size = self.max_batch_total_tokens, self.max_batch_size
+        valid = {
+            "max_batch_prefill_tokens": self.max_batch_prefill_tokens > 0,
+            "max_batch_total_tokens": total is None or total > 0,
+            "max_batch_size": size is None or size > 0,
+            "max_waiting_tokens": self.max_waiting_tokens >= 0,
+            "waiting_served_ratio": self.waiting_served_ratio >= 0,  # False for NaN too
+        }
+        for name, ok in valid.items():
+            if not ok:
+                raise ValueError(f"{name} out of range: {getattr(self, name)!r}")
 
 
 class Status(enum.StrEnum):
@@ -42,7 +43,7 @@ class Status(enum.StrEnum):
 
 
 @dataclass(slots=True, eq=False)
-class Sequence:
+class SequenceState:
     """Host state of one request. The caller keeps the object returned by `Scheduler.add` to read
     `output_ids` and `finish_reason`; the scheduler forgets a request once it finishes."""
 
@@ -104,9 +105,10 @@ class Scheduler:
         if limit < 1:
             raise ValueError("max_batch_total_tokens is smaller than one page")
         self.page_limit = limit  # pages running requests may hold together (token budget / pool)
-        self._seqs: dict[str, Sequence] = {}  # live requests: waiting or running
-        self._waiting: deque[Sequence] = deque()
-        self._running: list[Sequence] = []  # admission order: the last is the preemption victim
+        self._seqs: dict[str, SequenceState] = {}  # live requests: waiting or running
+        self._waiting: deque[SequenceState] = deque()
+        # admission order: the last one is the preemption victim
+        self._running: list[SequenceState] = []
         self._held = 0
         self._waiting_tokens = 1  # TGI's counter: 1 + decode steps since the last admission
         self._inflight: ScheduledStep | None = None
@@ -133,14 +135,14 @@ class Scheduler:
             "steps": self._steps,
         }
 
-    def add(self, request_id: str, prompt_ids: list[int], max_new_tokens: int) -> Sequence:
+    def add(self, request_id: str, prompt_ids: list[int], max_new_tokens: int) -> SequenceState:
         """Queue a request (FCFS). One that can never run is returned already finished ("error")
         so that it cannot block the queue forever; the server should have refused it (422)."""
         if request_id in self._seqs:
             raise ValueError(f"request {request_id!r} is already queued or running")
         if not prompt_ids or max_new_tokens < 1:
             raise ValueError("need a non-empty prompt and max_new_tokens >= 1")
-        seq = Sequence(request_id, list(prompt_ids), max_new_tokens)
+        seq = SequenceState(request_id, list(prompt_ids), max_new_tokens)
         # Peak KV: every prompt token plus every generated token but the last (never fed back).
         peak = self.allocator.pages_for(len(prompt_ids) + max_new_tokens - 1)
         too_long = not self.config.chunked_prefill and (
@@ -186,9 +188,13 @@ class Scheduler:
         producing = {r.request_id for r in step.rows if r.produces_token}
         if extra := set(sampled) - producing:
             raise ValueError(f"tokens for rows that produce none: {sorted(extra)}")
-        live = [r for r in step.rows if self._seqs.get(r.request_id) is not None]
-        if missing := [r.request_id for r in live if r.produces_token and r.request_id not in sampled]:
-            raise ValueError(f"no sampled token for {missing}")
+        live = [  # rows of requests not finished meanwhile
+            r
+            for r in step.rows
+            if (s := self._seqs.get(r.request_id)) is not None and s.status is Status.RUNNING
+        ]
+        if missing := {r.request_id for r in live if r.produces_token} - set(sampled):
+            raise ValueError(f"no sampled token for {sorted(missing)}")
         self._inflight = None
         finished = []
         for row in live:
@@ -217,44 +223,44 @@ class Scheduler:
         admitted = self._admit(min_size, max_size, cfg.max_batch_prefill_tokens)
         if admitted:
             self._waiting_tokens = 1
-            return [self._prefill_row(seq, n) for seq, n in admitted]
+            return [self._row(seq, n) for seq, n in admitted]
         if not running:
             return []
         self._grow_for_decode()
         if not self._running:  # everything preempted (pool shared with someone else): re-admit
             return self._classic_rows()
         self._waiting_tokens += 1
-        return [self._decode_row(seq) for seq in self._running]
+        return [self._row(seq) for seq in self._running]
 
     def _chunked_rows(self) -> list[ScheduledRow]:
         """TGI with chunking: decode everyone, continue partial prefills, then admit new
         requests into what is left of the prefill budget (1 token per decode row)."""
         self._grow_for_decode()
         budget = self.config.max_batch_prefill_tokens
-        decode = [self._decode_row(s) for s in self._running if s.prefilled]
+        decode = [self._row(s) for s in self._running if s.prefilled]
         budget -= len(decode)
         prefill = []
         for seq in self._running:
             if not seq.prefilled and budget > 0:
                 n = min(seq.total_len - seq.num_computed, budget)
-                prefill.append(self._prefill_row(seq, n))
+                prefill.append(self._row(seq, n))
                 budget -= n
         max_size = self.config.max_batch_size
         if max_size is not None:
             max_size -= len(self._running)
-        prefill += [self._prefill_row(s, n) for s, n in self._admit(None, max_size, budget)]
+        prefill += [self._row(s, n) for s, n in self._admit(None, max_size, budget)]
         return decode + prefill
 
     def _admit(
         self, min_size: int | None, max_size: int | None, budget: int
-    ) -> list[tuple[Sequence, int]]:
+    ) -> list[tuple[SequenceState, int]]:
         """TGI's next_batch: take from the queue front while pages and the prefill budget allow
         (head-of-line blocking), reserving pages for each one's whole sequence. Returns
         (sequence, first chunk length) pairs, now running."""
         if (min_size and len(self._waiting) < min_size) or max_size == 0 or budget <= 0:
             return []
         chunked = self.config.chunked_prefill
-        taken: list[tuple[Sequence, int]] = []
+        taken: list[tuple[SequenceState, int]] = []
         tokens, pages_left = 0, self._available()
         for seq in self._waiting:
             if max_size is not None and len(taken) >= max_size:
@@ -295,7 +301,7 @@ class Scheduler:
             if seq.status is Status.RUNNING:
                 self._grow(seq, len(seq.pages) + need)
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: SequenceState) -> None:
         """Recompute preemption: drop its KV, keep its tokens, put it back at the queue front."""
         self._running.remove(seq)
         self._release(seq)
@@ -308,23 +314,21 @@ class Scheduler:
     def _available(self) -> int:
         return min(self.allocator.num_free, self.page_limit - self._held)
 
-    def _grow(self, seq: Sequence, num_pages: int) -> None:
+    def _grow(self, seq: SequenceState, num_pages: int) -> None:
         extra = num_pages - len(seq.pages)
         if extra > 0:
             seq.pages += self.allocator.allocate(extra)
             self._held += extra
 
-    def _release(self, seq: Sequence) -> None:
+    def _release(self, seq: SequenceState) -> None:
         self.allocator.free(seq.pages)
         self._held -= len(seq.pages)
         seq.pages = []
 
-    def _prefill_row(self, seq: Sequence, n: int) -> ScheduledRow:
+    def _row(self, seq: SequenceState, n: int = 1) -> ScheduledRow:
+        """A decode row (its last sampled token) once prefilled, else the next n pending tokens."""
         start = seq.num_computed
-        ids = (seq.prompt_ids + seq.output_ids)[start : start + n]
-        done = start + n == seq.total_len
-        return ScheduledRow(seq.request_id, tuple(ids), start, tuple(seq.pages), True, done)
-
-    def _decode_row(self, seq: Sequence) -> ScheduledRow:
-        last = seq.output_ids[-1]
-        return ScheduledRow(seq.request_id, (last,), seq.num_computed, tuple(seq.pages), False, True)
+        ids = seq.output_ids[-1:] if seq.prefilled else (seq.prompt_ids + seq.output_ids)[start:]
+        ids = tuple(ids[:n])
+        done = start + len(ids) == seq.total_len
+        return ScheduledRow(seq.request_id, ids, start, tuple(seq.pages), not seq.prefilled, done)
