@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -110,8 +109,3 @@ class SafetensorsSource:
 
     def read(self, name: str) -> np.ndarray:
         return self._owner[name].read(name)
-
-
-def iter_tensors(source: TensorSource) -> Iterator[tuple[str, np.ndarray]]:
-    for name in source.names():
-        yield name, source.read(name)
