@@ -150,8 +150,6 @@ def _refuse_unsupported(hf: dict[str, Any]) -> None:
     act = hf.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
         raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only silu)")
-    if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise UnsupportedModelError("partial_rotary_factor != 1.0 is not supported")
     if int(hf.get("pretraining_tp", 1)) != 1:
         raise UnsupportedModelError("pretraining_tp != 1 is not supported")
     if hf.get("quantization_config") and hf["quantization_config"].get("quant_method") != "gguf":
@@ -169,20 +167,19 @@ def _rope_from_hf(hf: dict[str, Any], head_dim: int) -> RopeConfig:
             f"rope type {rope_type!r} is not supported; supported: {sorted(_ROPE_KEYS)}"
         )
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+    if float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))) != 1.0:
         raise UnsupportedModelError("partial_rotary_factor != 1.0 is not supported")
-    original = params.get(
-        "original_max_position_embeddings", hf.get("original_max_position_embeddings")
-    )
-    if rope_type in ("llama3", "yarn") and original is None:
-        original = hf.get("max_position_embeddings")  # transformers' fallback
-    missing = {k for k in _ROPE_KEYS[rope_type] if params.get(k) is None}
-    missing.discard("original_max_position_embeddings" if original is not None else "")
-    if rope_type == "yarn" and original is not None and "factor" in missing:
-        missing.discard("factor")
-        params["factor"] = hf["max_position_embeddings"] / original
+    if rope_type in ("llama3", "yarn"):  # transformers' fallbacks for the pretraining length
+        params.setdefault(
+            "original_max_position_embeddings",
+            hf.get("original_max_position_embeddings") or hf.get("max_position_embeddings"),
+        )
+        original = params["original_max_position_embeddings"]
+        if rope_type == "yarn" and params.get("factor") is None and original:
+            params["factor"] = hf["max_position_embeddings"] / original
+    missing = sorted(k for k in _ROPE_KEYS[rope_type] if params.get(k) is None)
     if missing:
-        raise UnsupportedModelError(f"rope type {rope_type!r} needs {sorted(missing)}")
+        raise UnsupportedModelError(f"rope type {rope_type!r} needs {missing}")
     known = _ROPE_KEYS[rope_type] | _ROPE_OPTIONAL | {"rope_type", "type", "rope_theta"}
     if rope_type != "yarn":
         known -= _ROPE_OPTIONAL
@@ -200,7 +197,11 @@ def _rope_from_hf(hf: dict[str, Any], head_dim: int) -> RopeConfig:
         factor=float(params.get("factor", 1.0)),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position=None if original is None else int(original),
+        original_max_position=(
+            None
+            if params.get("original_max_position_embeddings") is None
+            else int(params["original_max_position_embeddings"])
+        ),
         attention_factor=opt("attention_factor"),
         beta_fast=float(params.get("beta_fast") or 32.0),
         beta_slow=float(params.get("beta_slow") or 1.0),
