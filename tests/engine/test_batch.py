@@ -16,8 +16,16 @@ def test_two_rows_prefill_and_decode_exact_arrays():
     np.testing.assert_array_equal(a["token_rows"], [0, 0, 0, 1, 0, 0])
     np.testing.assert_array_equal(a["cu_q_lens"], [0, 3, 4, 4])
     np.testing.assert_array_equal(a["kv_lens"], [3, 7, 0])
-    np.testing.assert_array_equal(a["page_table"], [[5, 2, 0], [7, 3, 0], [0, 0, 0]])
+    # row 0's reserved second page (2) holds nothing yet, so it is not in the table
+    np.testing.assert_array_equal(a["page_table"], [[5, 0, 0], [7, 3, 0], [0, 0, 0]])
     np.testing.assert_array_equal(a["logits_indices"], [2, 3, 0])
+
+
+def test_fresh_step_without_page_table():
+    rows = [RowInput([11, 12, 13, 14, 15], 0, [5, 2, 9])]
+    a = pack_step(rows, page_size=4, num_tokens=8, num_rows=1, pages_per_row=0)
+    assert a["page_table"].shape == (1, 0)
+    np.testing.assert_array_equal(a["slot_mapping"], [20, 21, 22, 23, 8, 0, 0, 0])
     assert all(v.dtype == np.int32 for v in a.values())
 
 

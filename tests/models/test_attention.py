@@ -5,7 +5,12 @@ import numpy as np
 import pytest
 
 from tgix.engine.batch import RowInput, pack_step
-from tgix.models.attention import AttentionMetadata, reference_attention, write_kv
+from tgix.models.attention import (
+    AttentionMetadata,
+    prefill_attention,
+    reference_attention,
+    write_kv,
+)
 
 N, K, H, PAGE = 6, 2, 8, 4
 FIELDS = ("positions", "slot_mapping", "token_rows", "cu_q_lens", "kv_lens", "page_table")
@@ -53,6 +58,36 @@ def test_matches_naive_for_ragged_rows_with_padding(window):
         keys, values = history[name]
         np.testing.assert_allclose(out[t], naive(q[t], keys, values, pos, window), atol=1e-5)
     assert np.isfinite(out).all()  # padding tokens too
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_prefill_attention_sees_only_its_rows_earlier_tokens(window):
+    """Three fresh rows (lengths 4, 1, 6) packed with padding: same result as the naive loop,
+    and the padding tokens (row 0, position 0) never leak into row 0."""
+    rng = np.random.default_rng(1)
+    lengths = [4, 1, 6]
+    rows = [RowInput([0] * n, 0, list(range(1 + 2 * i, 3 + 2 * i))) for i, n in enumerate(lengths)]
+    arrays = pack_step(rows, page_size=PAGE, num_tokens=16, num_rows=4, pages_per_row=2)
+    md = AttentionMetadata(**{f: jnp.asarray(arrays[f]) for f in FIELDS})
+    k_new, v_new = rng.normal(size=(2, 16, K, H))
+    k_new[11:] = v_new[11:] = 1e3  # padding: huge values would show if attended
+    q = rng.normal(size=(16, N, H))
+    out = np.asarray(
+        prefill_attention(
+            jnp.asarray(q, jnp.float32),
+            jnp.asarray(k_new, jnp.float32),
+            jnp.asarray(v_new, jnp.float32),
+            md,
+            sliding_window=window,
+        )
+    )
+    start = 0
+    for n in lengths:
+        for pos in range(n):
+            t = start + pos
+            keys, values = k_new[start : start + n], v_new[start : start + n]
+            np.testing.assert_allclose(out[t], naive(q[t], keys, values, pos, window), atol=1e-5)
+        start += n
 
 
 def test_unknown_backend_is_refused():

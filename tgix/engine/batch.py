@@ -2,7 +2,8 @@
 
 Rows are requests; each contributes its new tokens (a prefill chunk or one decode token) to the
 shared token axis T. Arrays are padded to static buckets (T_pad tokens, R_pad rows, P pages per
-row) so one compiled step serves any mix; padding tokens write to the null page 0.
+row) so one compiled step serves any mix; padding tokens write to the null page 0. pages_per_row=0
+leaves the page table empty ([R, 0]) for steps that read no pages (fresh prefills).
 """
 
 from __future__ import annotations
@@ -57,12 +58,13 @@ def pack_step(
     for i, row in enumerate(rows):
         n = len(row.token_ids)
         end_pos = row.start_pos + n
-        if n == 0 or len(row.pages) * page_size < end_pos or len(row.pages) > pages_per_row:
+        needed = -(-end_pos // page_size)  # pages holding its KV; reserved ones beyond are unread
+        if n == 0 or len(row.pages) < needed or (pages_per_row and needed > pages_per_row):
             raise ValueError(
                 f"row {i}: {n} new tokens at {row.start_pos} do not fit "
                 f"{len(row.pages)} pages of {page_size} (max {pages_per_row})"
             )
-        pages = np.asarray(row.pages, np.int32)
+        pages = np.asarray(row.pages[:needed], np.int32)
         positions = np.arange(row.start_pos, end_pos, dtype=np.int32)
         span = slice(cursor, cursor + n)
         out["token_ids"][span] = row.token_ids
@@ -73,7 +75,8 @@ def pack_step(
         out["token_rows"][span] = i
         out["cu_q_lens"][i] = cursor
         out["kv_lens"][i] = end_pos
-        out["page_table"][i, : len(pages)] = pages
+        if pages_per_row:
+            out["page_table"][i, :needed] = pages
         out["logits_indices"][i] = cursor + n - 1
         cursor += n
     return out

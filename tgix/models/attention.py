@@ -81,6 +81,38 @@ def reference_attention(
     return out.reshape(t, n, h).astype(q.dtype)
 
 
+def prefill_attention(
+    q: jax.Array,
+    k_new: jax.Array,
+    v_new: jax.Array,
+    md: AttentionMetadata,
+    *,
+    sliding_window: int | None = None,
+) -> jax.Array:
+    """Causal GQA among the step's own tokens, for steps whose rows all start at position 0.
+
+    q [T, N, H]; k_new, v_new [T, K, H] (this step's K/V, before or after the page write);
+    returns [T, N, H]. No page is read, so cost is O(T^2 * N) instead of the reference's
+    O(T * S * K * H) gather: a whole prompt is one row's contiguous span on T, and a token sees
+    the earlier tokens of its own row. Padding tokens (index >= cu_q_lens[-1]) are never seen.
+    """
+    t, n, h = q.shape
+    k = k_new.shape[1]
+    g = n // k
+    q_grouped = q.reshape(t, k, g, h).astype(jnp.float32)
+    scores = jnp.einsum("tkgh,skh->tkgs", q_grouped, k_new.astype(jnp.float32)) * h**-0.5
+    real = jnp.arange(t, dtype=jnp.int32) < md.cu_q_lens[-1]  # [T]; S == T here
+    same_row = md.token_rows[:, None] == md.token_rows[None, :]  # [T, S]
+    q_pos, kv_pos = md.positions[:, None], md.positions[None, :]
+    valid = same_row & (kv_pos <= q_pos) & real[None, :]
+    if sliding_window is not None:
+        valid &= kv_pos > q_pos - sliding_window
+    scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1)  # [T, K, G, S] float32
+    out = jnp.einsum("tkgs,skh->tkgh", probs, v_new.astype(jnp.float32))
+    return out.reshape(t, n, h).astype(q.dtype)
+
+
 # name -> attend(q, k_pages, v_pages, md, *, sliding_window) -> [T, N, H]. Kernel backends
 # (Pallas for GPU/TPU) register here and are tested against "reference".
 ATTENTION_BACKENDS = {"reference": reference_attention}

@@ -14,7 +14,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tgix.models.attention import ATTENTION_BACKENDS, AttentionMetadata, write_kv
+from tgix.models.attention import (
+    ATTENTION_BACKENDS,
+    AttentionMetadata,
+    prefill_attention,
+    write_kv,
+)
 from tgix.models.config import ModelConfig
 from tgix.models.layers import Dense, GatedMLP, RMSNorm, apply_rope, rope_cos_sin
 
@@ -48,15 +53,19 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dtype) if cfg.qk_norm else None
         self.sliding_window = cfg.sliding_windows[layer] if cfg.sliding_windows else None
 
-    def __call__(self, x, cos, sin, kv: LayerKV, md: AttentionMetadata):
-        """x [T, D], cos/sin [T, H] -> ([T, D], updated LayerKV)."""
+    def __call__(self, x, cos, sin, kv: LayerKV, md: AttentionMetadata, fresh_rows: bool):
+        """x [T, D], cos/sin [T, H] -> ([T, D], updated LayerKV). `fresh_rows`: every row
+        starts at position 0, so attention needs only this step's K/V (no page reads)."""
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [T, N, H], [T, K, H] x2
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kv = LayerKV(write_kv(kv.k, k, md.slot_mapping), write_kv(kv.v, v, md.slot_mapping))
-        attend = ATTENTION_BACKENDS[self.backend]
-        out = attend(q, kv.k, kv.v, md, sliding_window=self.sliding_window)
+        if fresh_rows:
+            out = prefill_attention(q, k, v, md, sliding_window=self.sliding_window)
+        else:
+            attend = ATTENTION_BACKENDS[self.backend]
+            out = attend(q, kv.k, kv.v, md, sliding_window=self.sliding_window)
         return self.o_proj(out), kv
 
 
@@ -69,8 +78,8 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         self.mlp = GatedMLP(cfg, rngs=rngs, dtype=dtype)
 
-    def __call__(self, x, cos, sin, kv: LayerKV, md: AttentionMetadata):
-        attn_out, kv = self.self_attn(self.input_layernorm(x), cos, sin, kv, md)
+    def __call__(self, x, cos, sin, kv: LayerKV, md: AttentionMetadata, fresh_rows: bool):
+        attn_out, kv = self.self_attn(self.input_layernorm(x), cos, sin, kv, md, fresh_rows)
         x = x + attn_out
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
@@ -126,18 +135,22 @@ class LlamaForCausalLM(nnx.Module):
         kv_pages: tuple[LayerKV, ...],
         md: AttentionMetadata,
         logits_indices: jax.Array | None = None,
+        *,
+        fresh_rows: bool = False,
     ) -> tuple[jax.Array, tuple[LayerKV, ...]]:
         """token_ids [T] -> logits [T, V] (or [R, V] at `logits_indices` [R]), new KV pages.
 
         Logits only where asked: a prefill of T tokens needs one row per request, and the
-        [T, V] matmul would otherwise dominate small models.
+        [T, V] matmul would otherwise dominate small models. `fresh_rows` (static) promises
+        that no row has KV from earlier steps (a plain prefill), which selects the page-free
+        prefill attention.
         """
         context_lens = md.kv_lens[md.token_rows]  # [T]
         cos, sin = rope_cos_sin(self.cfg, md.positions, context_lens)  # [T, H] each
         x = self.embed_tokens(token_ids)  # [T, D]
         new_pages = []
         for layer, kv in zip(self.layers, kv_pages, strict=True):
-            x, kv = layer(x, cos, sin, kv, md)
+            x, kv = layer(x, cos, sin, kv, md, fresh_rows)
             new_pages.append(kv)
         if logits_indices is not None:
             x = x[logits_indices]  # [R, D]
