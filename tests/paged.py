@@ -29,9 +29,10 @@ class PagedDriver:
         graphdef, state = nnx.split(model)
         self.state = state
 
-        @functools.partial(jax.jit, donate_argnums=(2,))
-        def step(state, token_ids, kv, md, logits_indices):
-            return nnx.merge(graphdef, state)(token_ids, kv, md, logits_indices)
+        @functools.partial(jax.jit, donate_argnums=(2,), static_argnames=("fresh_rows",))
+        def step(state, token_ids, kv, md, logits_indices, fresh_rows):
+            model = nnx.merge(graphdef, state)
+            return model(token_ids, kv, md, logits_indices, fresh_rows=fresh_rows)
 
         self._step = step
 
@@ -61,8 +62,9 @@ class PagedDriver:
         )
         md = AttentionMetadata(**{k: jnp.asarray(arrays[k]) for k in _MD_FIELDS})
         indices = None if all_logits else jnp.asarray(arrays["logits_indices"])
+        fresh = all(row.start_pos == 0 for row in rows)  # page-free prefill attention
         logits, self.kv = self._step(
-            self.state, jnp.asarray(arrays["token_ids"]), self.kv, md, indices
+            self.state, jnp.asarray(arrays["token_ids"]), self.kv, md, indices, fresh_rows=fresh
         )
         logits = np.asarray(logits)
         out = {}

@@ -7,6 +7,7 @@ import pytest
 from tgix.engine.batch import RowInput, pack_step
 from tgix.models.attention import (
     AttentionMetadata,
+    paged_attention,
     prefill_attention,
     reference_attention,
     write_kv,
@@ -29,8 +30,9 @@ def naive(q, keys, values, q_pos, window):
     return out
 
 
+@pytest.mark.parametrize("attend", [reference_attention, paged_attention])
 @pytest.mark.parametrize("window", [None, 3])
-def test_matches_naive_for_ragged_rows_with_padding(window):
+def test_matches_naive_for_ragged_rows_with_padding(attend, window):
     rng = np.random.default_rng(0)
     # row a: 5 cached + 2 new over pages [3, 1]; row b: 0 cached + 3 new on page [6]
     history = {"a": rng.normal(size=(2, 7, K, H)), "b": rng.normal(size=(2, 3, K, H))}
@@ -50,9 +52,7 @@ def test_matches_naive_for_ragged_rows_with_padding(window):
     v_pages = write_kv(v_pages, jnp.asarray(new_v), md.slot_mapping)
     q = rng.normal(size=(8, N, H))
     out = np.asarray(
-        reference_attention(
-            jnp.asarray(q, jnp.float32), k_pages, v_pages, md, sliding_window=window
-        )
+        attend(jnp.asarray(q, jnp.float32), k_pages, v_pages, md, sliding_window=window)
     )
     for t, (name, pos) in enumerate([("a", 5), ("a", 6), ("b", 0), ("b", 1), ("b", 2)]):
         keys, values = history[name]
@@ -90,10 +90,29 @@ def test_prefill_attention_sees_only_its_rows_earlier_tokens(window):
         start += n
 
 
+@pytest.mark.parametrize("window", [None, 37])
+def test_paged_equals_reference_over_many_chunks(window):
+    """Rows of 1, 70 and 300 cached tokens on shuffled pages: several online-softmax chunks
+    (chunk_pages=2 -> 8 tokens a chunk), a page table wider than any row, padding rows."""
+    rng = np.random.default_rng(2)
+    lengths, page = [1, 70, 300], 4
+    perm = iter(rng.permutation(np.arange(1, 200)))
+    rows = [RowInput([0], n - 1, [int(next(perm)) for _ in range(-(-n // page))]) for n in lengths]
+    arrays = pack_step(rows, page_size=page, num_tokens=4, num_rows=4, pages_per_row=80)
+    md = AttentionMetadata(**{f: jnp.asarray(arrays[f]) for f in FIELDS})
+    k_pages, v_pages = (jnp.asarray(rng.normal(size=(200, page, K, H)), jnp.float32) for _ in "kv")
+    q = jnp.asarray(rng.normal(size=(4, N, H)), jnp.float32)
+    want = reference_attention(q, k_pages, v_pages, md, sliding_window=window)
+    got = paged_attention(q, k_pages, v_pages, md, sliding_window=window, chunk_pages=2)
+    np.testing.assert_allclose(np.asarray(got)[:3], np.asarray(want)[:3], atol=2e-5)
+    assert np.isfinite(np.asarray(got)).all()
+
+
 def test_unknown_backend_is_refused():
     from tgix import build_model, testing
     from tgix.models.config import ModelConfig
 
     cfg = ModelConfig.from_hf(testing.tiny_hf_config("llama"))
-    with pytest.raises(ValueError, match="attention backend 'pallas'; known: \\['reference'\\]"):
+    known = "known: \\['paged', 'reference'\\]"
+    with pytest.raises(ValueError, match=f"attention backend 'pallas'; {known}"):
         build_model(cfg, attention="pallas", abstract=True)

@@ -17,13 +17,19 @@ ATOL = 1e-4
 BUCKET = {"num_tokens": 32, "num_rows": 2}
 
 
-@pytest.fixture(scope="module", params=testing.FAMILIES)
+@pytest.fixture(
+    scope="module",
+    params=[(f, "paged") for f in testing.FAMILIES] + [("mistral", "reference")],
+    ids=lambda p: "-".join(p),
+)
 def pair(request, tiny_checkpoints):
-    """(family, tgix PagedDriver, transformers model) on one checkpoint."""
-    path = tiny_checkpoints(request.param)
-    loaded = load_model(str(path))
+    """(family, tgix PagedDriver, transformers model) on one checkpoint; every family through
+    the default (paged) attention, one through the reference oracle too."""
+    family, attention = request.param
+    path = tiny_checkpoints(family)
+    loaded = load_model(str(path), attention=attention)
     driver = PagedDriver(loaded.model, loaded.config, loaded.mesh, page_size=4, num_pages=40)
-    yield request.param, driver, testing.load_reference_model(path)
+    yield family, driver, testing.load_reference_model(path)
     assert len(driver.free) == 39, "every test must release its pages"
 
 

@@ -44,7 +44,7 @@ def default_dtype():
 
 
 def build_model(
-    cfg: ModelConfig, *, dtype=None, seed: int = 0, abstract: bool = False, attention="reference"
+    cfg: ModelConfig, *, dtype=None, seed: int = 0, abstract: bool = False, attention="paged"
 ):
     """A decoder with random weights, or (abstract=True) its shapes only, allocating nothing."""
     cls = ARCHITECTURES[cfg.model_type]
@@ -69,7 +69,7 @@ def load_model(
     cache_dir: str | None = None,
     dtype=None,
     mesh: Mesh | None = None,
-    attention: str = "reference",
+    attention: str = "paged",
 ) -> LoadedModel:
     """Load a checkpoint (folder, .gguf, Hub id; None = the embedded SmolLM2) onto `mesh`."""
     files = resolve_model(model_id, revision=revision, token=token, cache_dir=cache_dir)

@@ -113,6 +113,62 @@ def prefill_attention(
     return out.reshape(t, n, h).astype(q.dtype)
 
 
+def paged_attention(
+    q: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    md: AttentionMetadata,
+    *,
+    sliding_window: int | None = None,
+    chunk_pages: int = 8,
+) -> jax.Array:
+    """The reference's result, computed chunk by chunk with an online softmax (flash-decoding).
+
+    q [T, N, H]; pages [num_pages, page_size, K, H]; returns [T, N, H]. A while loop walks
+    the page table `chunk_pages` pages at a time and stops after the longest row in the step,
+    so cost follows the actual KV lengths, not the page table's static width P: one compiled
+    step serves short and long sequences alike, and memory is O(T * chunk * K * H).
+    """
+    t, n, h = q.shape
+    _, page_size, k, _ = k_pages.shape
+    g = n // k
+    pad = -md.page_table.shape[1] % chunk_pages
+    page_table = jnp.pad(md.page_table, ((0, 0), (0, pad)))  # [R, P'] with P' % chunk == 0
+    pages_of_token = page_table[md.token_rows]  # [T, P']
+    chunk = chunk_pages * page_size
+    kv_len = md.kv_lens[md.token_rows][:, None]  # [T, 1]
+    q_pos = md.positions[:, None]  # [T, 1]
+    q_grouped = q.reshape(t, k, g, h).astype(jnp.float32) * h**-0.5
+    num_chunks = (jnp.max(md.kv_lens) + chunk - 1) // chunk
+
+    def body(i, carry):
+        m, denom, acc = carry  # running max, softmax denominator [T, K, G]; acc [T, K, G, H]
+        pages = jax.lax.dynamic_slice_in_dim(pages_of_token, i * chunk_pages, chunk_pages, 1)
+        k_c = k_pages[pages].reshape(t, chunk, k, h).astype(jnp.float32)  # [T, C, K, H]
+        v_c = v_pages[pages].reshape(t, chunk, k, h).astype(jnp.float32)
+        scores = jnp.einsum("tkgh,tckh->tkgc", q_grouped, k_c)
+        kv_pos = i * chunk + jnp.arange(chunk, dtype=jnp.int32)[None, :]  # [1, C]
+        valid = (kv_pos <= q_pos) & (kv_pos < kv_len)  # [T, C]
+        if sliding_window is not None:
+            valid &= kv_pos > q_pos - sliding_window
+        scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
+        m_new = jnp.maximum(m, scores.max(-1))
+        probs = jnp.exp(scores - m_new[..., None])
+        scale = jnp.exp(m - m_new)
+        denom = denom * scale + probs.sum(-1)
+        acc = acc * scale[..., None] + jnp.einsum("tkgc,tckh->tkgh", probs, v_c)
+        return m_new, denom, acc
+
+    init = (
+        jnp.full((t, k, g), _MASKED, jnp.float32),
+        jnp.zeros((t, k, g), jnp.float32),
+        jnp.zeros((t, k, g, h), jnp.float32),
+    )
+    _, denom, acc = jax.lax.fori_loop(0, num_chunks, body, init)
+    out = acc / jnp.maximum(denom, 1e-30)[..., None]  # 0 only for empty padding rows
+    return out.reshape(t, n, h).astype(q.dtype)
+
+
 # name -> attend(q, k_pages, v_pages, md, *, sliding_window) -> [T, N, H]. Kernel backends
 # (Pallas for GPU/TPU) register here and are tested against "reference".
-ATTENTION_BACKENDS = {"reference": reference_attention}
+ATTENTION_BACKENDS = {"reference": reference_attention, "paged": paged_attention}

@@ -107,9 +107,7 @@ class LlamaForCausalLM(nnx.Module):
     """The decoder. `dtype` is the parameter and activation dtype; logits are float32.
     `attention` names an entry of ATTENTION_BACKENDS (all share the paged contract)."""
 
-    def __init__(
-        self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, attention="reference"
-    ):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, attention="paged"):
         if attention not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention backend {attention!r}; known: {sorted(ATTENTION_BACKENDS)}"
