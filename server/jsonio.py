@@ -1,0 +1,118 @@
+"""JSON in and out, byte-compatible with TGI (serde_json behind axum).
+
+Out: compact separators, UTF-8 (no ASCII escaping), and float32 values written with their
+shortest float32 form (`-1.53`, not `-1.5299999713897705`), as serde writes an f32; NaN and
+infinities become null. In: the body is read with a byte limit, must be UTF-8 JSON without
+NaN/Infinity literals or lone surrogate escapes; failures are TGI's plain-text 4xx.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from typing import Any
+
+from starlette.requests import Request
+
+from server.errors import PlainError
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_SURROGATE = re.compile(r"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def dumps(value: Any) -> bytes:
+    """Compact UTF-8 JSON, the way serde_json writes it."""
+    return _ENCODER.encode(value).encode("utf-8")
+
+
+def f32(value: float | None) -> float | None:
+    """A float as serde writes an f32: shortest decimal that round-trips through float32.
+    Non-finite values (the first prompt token's NaN logprob) serialise as null."""
+    if value is None or not math.isfinite(value):
+        return None
+    try:
+        target = struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return None
+    if not math.isfinite(target):  # beyond float32's range: an f32 would be infinite
+        return None
+    for digits in range(1, 10):
+        short = float(f"{target:.{digits}g}")
+        if struct.unpack("f", struct.pack("f", short))[0] == target:
+            return short
+    return target
+
+
+def _syntax(reason: str) -> PlainError:
+    return PlainError(400, f"Failed to parse the request body as JSON: {reason}")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"expected value ({name} is not JSON)")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
+
+
+def _is_json_content_type(value: str | None) -> bool:
+    """axum's rule: application/json or application/<anything>+json, parameters ignored."""
+    if not value:
+        return False
+    mime = value.split(";", 1)[0].strip().lower()
+    kind, _, subtype = mime.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refusing a missing JSON content type (415) and more than `limit`
+    bytes (413), whether the size is announced or only seen while streaming."""
+    if not _is_json_content_type(request.headers.get("content-type")):
+        raise PlainError(415, "Expected request with `Content-Type: application/json`")
+    too_large = PlainError(413, "Failed to buffer the request body: length limit exceeded")
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json(raw: bytes) -> Any:
+    """Bytes -> Python value, or TGI's 400 plain-text syntax error."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _syntax(f"invalid unicode code point at byte {exc.start}") from None
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        reason = exc.msg[0].lower() + exc.msg[1:]
+        raise _syntax(f"{reason} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError as exc:
+        raise _syntax(str(exc)) from None
+    except RecursionError:
+        raise _syntax("recursion limit exceeded") from None
+    if _SURROGATE.search(text) and _has_lone_surrogate(value):
+        raise _syntax("lone surrogate in hex escape")
+    return value
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    return parse_json(await read_body(request, limit))

@@ -1,0 +1,55 @@
+"""ASGI middleware in front of every route: API-key check and the drain gate.
+
+Authentication is deny-by-default: with --api-key set, every request needs
+`Authorization: Bearer <key>` (constant-time compare, key case-sensitive) except the health
+probes (GET /health, /ping and /), which orchestrators call without credentials; failures
+are 401 with an empty body. While draining after SIGTERM, new requests get 503. Both are
+plain ASGI (not BaseHTTPMiddleware) so streaming and disconnect detection pass through.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from server import errors
+from server.admission import Drain
+
+HEALTH_PATHS = frozenset({"/health", "/ping", "/"})
+
+
+def _is_health(scope) -> bool:
+    return scope["method"] in ("GET", "HEAD") and scope["path"] in HEALTH_PATHS
+
+
+class ApiKeyMiddleware:
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = api_key.encode("utf-8")
+
+    def _authorized(self, scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(
+                    token.strip(), self.expected
+                )
+        return False
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or _is_health(scope) or self._authorized(scope):
+            await self.app(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 401, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+class DrainMiddleware:
+    def __init__(self, app, drain: Drain):
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.drain.draining and not _is_health(scope):
+            await errors.shutting_down().response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
