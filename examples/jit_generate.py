@@ -1,4 +1,4 @@
-"""Generate text with the jitted, pure `tgix.generate.generate` (no server, no engine).
+"""Generate text with the jitted, pure `tgix.generate` (no server, no engine).
 
     python examples/jit_generate.py                      # embedded SmolLM2-135M-Instruct GGUF
     python examples/jit_generate.py --model PATH --prompt "Once upon a time" --temperature 0.7
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 import tgix
-from tgix.generate import jit_generate, split_model
+from tgix.generation import jit_generate, split_model
 
 
 def main() -> None:

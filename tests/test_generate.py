@@ -15,7 +15,7 @@ import torch
 
 from tests.paged import PagedDriver, greedy
 from tgix import testing
-from tgix.generate import STATIC_ARGNAMES, generate, jit_generate, split_model
+from tgix.generation import STATIC_ARGNAMES, generate, jit_generate, split_model
 from tgix.models import load_model
 
 NEW_TOKENS = 8

@@ -12,6 +12,8 @@ __version__ = "0.1.0"
 # Exports load on first use, so host-only modules (tgix.engine.scheduler, server/) can be
 # imported without pulling in jax.
 _EXPORTS = {
+    "LLM": "tgix.llm",
+    "generate": "tgix.generation",
     "LoadedModel": "tgix.models",
     "ModelConfig": "tgix.models",
     "build_model": "tgix.models",

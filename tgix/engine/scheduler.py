@@ -208,6 +208,11 @@ class Scheduler:
                     finished.append(seq.request_id)
         return finished
 
+    def requeue_all(self) -> None:
+        """Preempt every running request (their KV was lost): they recompute from the front."""
+        for seq in reversed(list(self._running)):
+            self._preempt(seq)
+
     # -- step building ---------------------------------------------------------------------------
 
     def _classic_rows(self) -> list[ScheduledRow]:

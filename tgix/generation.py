@@ -129,7 +129,8 @@ def generate(
         page_table=page_table,
     )
     token_ids = jnp.where(real, prompt_ids[rows, positions], 0)
-    logits, kv_pages = model(token_ids, kv_pages, md, cu_q_lens[1:] - 1)  # [B, V]
+    # every row starts at 0: page-free prefill attention
+    logits, kv_pages = model(token_ids, kv_pages, md, cu_q_lens[1:] - 1, fresh_rows=True)  # [B, V]
     first = pick(logits, jnp.int32(0))
     tokens = jnp.full((batch, max_new_tokens), fill_id, jnp.int32).at[:, 0].set(first)
     done = is_eos(first) | (max_new_tokens == 1)

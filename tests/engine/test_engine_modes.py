@@ -1,0 +1,85 @@
+"""Engine configurations beyond the default: page pressure (preemption), chunked prefill,
+extra EOS ids and prompt logprobs, each checked against the model forward or transformers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.engine.conftest import make_engine, wait_idle
+from tests.engine.test_engine import greedy, ids, prompt, run
+from tgix import testing
+
+
+def _pages_back(eng):
+    assert wait_idle(eng)["free_pages"] == eng.runner.config.num_pages - 1
+
+
+def test_page_pressure_preempts_and_every_request_finishes_exactly(
+    tiny_checkpoints, xla_cache, driver_greedy
+):
+    """16 pages of 4 tokens for 4 requests that each end at 40 tokens: they cannot all hold
+    their pages at once, so the youngest are preempted and recomputed; none fails, and each
+    gets exactly the ids it gets alone."""
+    eng = make_engine(
+        tiny_checkpoints("llama"),
+        xla_cache,
+        max_batch_total_tokens=64,
+        max_total_tokens=48,
+        max_batch_prefill_tokens=48,
+    )
+    try:
+        prompts = [prompt(200 + i, 20) for i in range(4)]
+        streams = [eng.submit(greedy(20, prompt_ids=p)) for p in prompts]
+        results = [list(s)[-1] for s in streams]
+        for p, c in zip(prompts, results, strict=True):
+            assert ids(c) == driver_greedy(p, 20)
+        assert eng.scheduler.stats()["preemptions"] > 0
+        _pages_back(eng)
+    finally:
+        eng.shutdown()
+
+
+def test_chunked_prefill_gives_the_same_ids(tiny_checkpoints, xla_cache, driver_greedy):
+    """A 16-token prefill budget splits 40-token prompts over several mixed steps."""
+    eng = make_engine(
+        tiny_checkpoints("llama"),
+        xla_cache,
+        chunked_prefill=True,
+        max_batch_prefill_tokens=16,
+    )
+    try:
+        prompts = [prompt(300 + i, 40 - 9 * i) for i in range(3)]
+        streams = [eng.submit(greedy(10, prompt_ids=p)) for p in prompts]
+        for p, s in zip(prompts, streams, strict=True):
+            assert ids(list(s)[-1]) == driver_greedy(p, 10)
+        _pages_back(eng)
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.reference
+def test_every_eos_id_stops_and_prompt_logprobs_match_transformers(
+    tiny_checkpoints, xla_cache, driver_greedy
+):
+    path = tiny_checkpoints("llama")
+    p = prompt(400, 9)
+    free = driver_greedy(p, 8)
+    eos_a, eos_b = free[3], free[5]  # two extra EOS ids; the earlier one must end it
+    eng = make_engine(path, xla_cache, extra_eos_ids=(eos_b, eos_a), prompt_logprobs=True)
+    try:
+        c = run(eng, greedy(8, prompt_ids=p, prompt_logprobs=True))
+        assert c.finish_reason == "eos_token" and ids(c) == free[:4]
+        assert run(eng, greedy(8, prompt_ids=p, ignore_eos=True)).generated_tokens == 8
+        model = testing.load_reference_model(path)
+        with torch.no_grad():
+            logits = model(torch.tensor([p])).logits[0].float()
+        want = torch.log_softmax(logits[:, : testing.TOKENIZER_VOCAB_SIZE], -1)
+        want = [float(want[j, p[j + 1]]) for j in range(len(p) - 1)]
+        assert [t.id for t in c.prefill] == list(p)
+        assert c.prefill[0].logprob is None
+        np.testing.assert_allclose([t.logprob for t in c.prefill[1:]], want, atol=1e-4)
+        _pages_back(eng)
+    finally:
+        eng.shutdown()

@@ -1,0 +1,122 @@
+"""Static step shapes (host only): which padded shapes get compiled, and which one a step uses.
+
+XLA compiles one executable per shape, so every step is padded up to a bucket chosen from a
+fixed, finite set that the runner compiles ahead of time. Three shape families:
+
+  fresh  every row starts at position 0 (a plain prefill): T tokens, R rows, no page reads
+  paged  rows read KV from pages (decode, chunked prefill): T tokens, R rows, P pages per row
+  sample the sampler per R rows and L history ids (L = 1 when no row uses penalties)
+
+Buckets are powers of two: T pads at most 2x (from 16), decode R at most 2x.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+
+def _powers(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
+    """lo, lo*factor, ... up to the first value >= hi (so hi always fits)."""
+    out = [lo]
+    while out[-1] < hi:
+        out.append(out[-1] * factor)
+    return tuple(out)
+
+
+def bucket_for(value: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if value <= b:
+            return b
+    raise ValueError(f"{value} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepShape:
+    """One compiled model step: `fresh` (prefill-only) or paged, padded to these sizes.
+    `all_logits`: also return every prompt token's logprob (decoder_input_details)."""
+
+    fresh: bool
+    num_tokens: int
+    num_rows: int
+    pages_per_row: int
+    all_logits: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Buckets:
+    """The shape sets for one engine configuration.
+
+    A fresh step of T tokens is compiled for rows_for(T) = clip(T // 16, 1, max rows) rows:
+    one shape per T keeps start-up short, and the extra logits rows cost little next to T
+    tokens of prefill. Paged steps read pages through a loop bounded by the longest row, so
+    one page-table width (the longest sequence) serves every length.
+    """
+
+    prefill_tokens: tuple[int, ...]  # T of fresh steps
+    decode_rows: tuple[int, ...]  # R (= T) of decode steps
+    max_rows: int
+    pages_per_row: int  # P of paged steps
+    mixed_tokens: tuple[int, ...]  # T of chunked-prefill steps (empty: classic scheduling)
+    history: tuple[int, ...]  # L of the sampler (1 = no penalties in the step)
+    prompt_logprobs: bool
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        max_batch_prefill_tokens: int,
+        max_batch_size: int,
+        max_total_tokens: int,
+        page_size: int,
+        chunked_prefill: bool = False,
+        prompt_logprobs: bool = False,
+    ) -> Buckets:
+        # A recomputed (preempted) request is prefilled whole, up to max_total_tokens.
+        prefill_tokens = _powers(16, max(max_batch_prefill_tokens, max_total_tokens))
+        return cls(
+            prefill_tokens=prefill_tokens,
+            decode_rows=_powers(1, max_batch_size),
+            max_rows=max_batch_size,
+            pages_per_row=-(-max_total_tokens // page_size),
+            mixed_tokens=_powers(16, max_batch_prefill_tokens) if chunked_prefill else (),
+            history=(1, max_total_tokens),
+            prompt_logprobs=prompt_logprobs,
+        )
+
+    def rows_for(self, num_tokens: int) -> int:
+        return max(1, min(num_tokens // 16, self.max_rows))
+
+    def model_shapes(self) -> list[StepShape]:
+        """Every model-step shape serving can ask for."""
+        shapes = []
+        for t in self.prefill_tokens:
+            shapes.append(StepShape(True, t, self.rows_for(t), 0))
+            if self.prompt_logprobs:
+                shapes.append(StepShape(True, t, self.rows_for(t), 0, all_logits=True))
+        shapes += [StepShape(False, r, r, self.pages_per_row) for r in self.decode_rows]
+        p, r = self.pages_per_row, self.max_rows
+        shapes += [StepShape(False, t, r, p) for t in self.mixed_tokens]
+        return shapes
+
+    def sampler_shapes(self) -> list[tuple[int, int]]:
+        """(R, L) pairs of the sampler."""
+        rows = {s.num_rows for s in self.model_shapes()}
+        return [(r, length) for r in sorted(rows) for length in self.history]
+
+    def shape_for(self, rows: Sequence, *, all_logits: bool = False) -> StepShape:
+        """The smallest compiled shape holding these rows (objects with token_ids, start_pos)."""
+        num_tokens = sum(len(r.token_ids) for r in rows)
+        if all(r.start_pos == 0 for r in rows):
+            for t in self.prefill_tokens:
+                if t >= num_tokens and self.rows_for(t) >= len(rows):
+                    logits = all_logits and self.prompt_logprobs
+                    return StepShape(True, t, self.rows_for(t), 0, all_logits=logits)
+            raise ValueError(f"no fresh bucket for {num_tokens} tokens in {len(rows)} rows")
+        if num_tokens == len(rows):  # every row feeds one token: a decode step
+            r = bucket_for(len(rows), self.decode_rows)
+            return StepShape(False, r, r, self.pages_per_row)
+        if not self.mixed_tokens:
+            raise ValueError("a step mixing prefill chunks and paged rows needs chunked_prefill")
+        t = bucket_for(num_tokens, self.mixed_tokens)
+        return StepShape(False, t, self.max_rows, self.pages_per_row)

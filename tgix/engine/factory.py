@@ -1,0 +1,141 @@
+"""Assemble a serving Engine from a loaded model: size the KV budget, compile, warm up."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import jax
+import jax.numpy as jnp
+
+from tgix.engine.buckets import Buckets
+from tgix.engine.engine import Engine, StepHook
+from tgix.engine.kv_cache import kv_bytes_per_token
+from tgix.engine.limits import (
+    LimitRequest,
+    available_ram_bytes,
+    bucket_batch_size,
+    kv_budget_tokens,
+    resolve_limits,
+)
+from tgix.engine.pages import PageAllocator
+from tgix.engine.runner import Runner, RunnerConfig, enable_compilation_cache
+from tgix.engine.scheduler import Scheduler, SchedulerConfig
+from tgix.models import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineOptions:
+    """Everything but the token limits (LimitRequest) that shapes an engine."""
+
+    max_top_n_tokens: int = 5
+    prompt_logprobs: bool = False  # TGI's --enable-prefill-logprobs
+    watermark_gamma: float = 0.5
+    watermark_delta: float = 2.0
+    kv_dtype: str | None = None  # None: the model's dtype
+    compilation_cache: str | None = None  # None: $TGIX_CACHE/xla; "" disables it
+    compile: bool = True  # compile every bucket before serving
+    warmup: bool = True  # run one request end to end before reporting healthy
+    progress: bool = True
+    stall_timeout_s: float = 120.0
+
+
+def free_device_bytes(mesh) -> int:
+    """Memory left on the fullest device of the mesh (accelerators only)."""
+    free = []
+    for device in mesh.devices.flat:
+        stats = device.memory_stats() or {}
+        free.append(stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0))
+    return min(free)
+
+
+def create_engine(
+    loaded: LoadedModel,
+    tokenizer,
+    limits: LimitRequest | None = None,
+    options: EngineOptions | None = None,
+    *,
+    model_id: str = "",
+    on_step: StepHook | None = None,
+) -> Engine:
+    limits = limits or LimitRequest()
+    options = options or EngineOptions()
+    cfg = loaded.config
+    on_cpu = jax.default_backend() == "cpu"
+    kv_dtype = jnp.dtype(options.kv_dtype) if options.kv_dtype else _param_dtype(loaded)
+    model_shards = loaded.mesh.shape.get("model", 1)
+    per_token = kv_bytes_per_token(cfg, kv_dtype) // model_shards
+    free = available_ram_bytes() if on_cpu else free_device_bytes(loaded.mesh)
+    budget = kv_budget_tokens(free_bytes=free, kv_bytes_per_token=per_token, on_cpu=on_cpu)
+    effective = resolve_limits(
+        limits,
+        max_position_embeddings=cfg.max_position,
+        kv_budget=budget,
+        on_cpu=on_cpu,
+    )
+    max_rows = bucket_batch_size(effective, on_cpu=on_cpu)
+    page_size = effective.page_size
+    buckets = Buckets.build(
+        max_batch_prefill_tokens=effective.max_batch_prefill_tokens,
+        max_batch_size=max_rows,
+        max_total_tokens=effective.max_total_tokens,
+        page_size=page_size,
+        chunked_prefill=effective.chunked_prefill,
+        prompt_logprobs=options.prompt_logprobs,
+    )
+    if options.compilation_cache != "":
+        from tgix.tokenizer import cache_root
+
+        enable_compilation_cache(options.compilation_cache or cache_root() / "xla")
+    num_pages = effective.max_batch_total_tokens // page_size + 1  # + the null page
+    runner = Runner(
+        loaded,
+        RunnerConfig(
+            num_pages=num_pages,
+            page_size=page_size,
+            buckets=buckets,
+            num_top=options.max_top_n_tokens,
+            vocab_limit=min(tokenizer.vocab_size, cfg.vocab_size),
+            kv_dtype=kv_dtype,
+            watermark_gamma=options.watermark_gamma,
+            watermark_delta=options.watermark_delta,
+        ),
+    )
+    if options.compile:
+        start = time.perf_counter()
+        runner.compile_all(progress=options.progress)
+        logger.info(
+            "compiled %d executables in %.1fs", runner.num_executables, time.perf_counter() - start
+        )
+    scheduler = Scheduler(
+        SchedulerConfig(
+            max_batch_prefill_tokens=effective.max_batch_prefill_tokens,
+            max_batch_total_tokens=effective.max_batch_total_tokens,
+            max_batch_size=max_rows,
+            max_waiting_tokens=effective.max_waiting_tokens,
+            waiting_served_ratio=effective.waiting_served_ratio,
+            chunked_prefill=effective.chunked_prefill,
+        ),
+        PageAllocator(num_pages, page_size),
+    )
+    engine = Engine(
+        runner,
+        scheduler,
+        tokenizer,
+        effective,
+        model_id=model_id,
+        prompt_logprobs=options.prompt_logprobs,
+        stall_timeout_s=options.stall_timeout_s,
+        on_step=on_step,
+    )
+    engine.warmup(run_request=options.warmup)
+    return engine
+
+
+def _param_dtype(loaded: LoadedModel):
+    from flax import nnx
+
+    return jax.tree.leaves(nnx.state(loaded.model))[0].dtype

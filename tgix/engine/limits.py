@@ -1,0 +1,121 @@
+"""Effective token limits (host only): TGI's defaults and start-up checks, sized from memory.
+
+`--max-batch-total-tokens` is the KV page budget. When unset it is sized from the memory left
+after the weights: on GPU/TPU from the device's `memory_stats()` (TGI's 0.90 wiggle room of
+what is free), on CPU from a fraction of available RAM (the KV cache shares it with everything
+else). The remaining limits follow TGI 3.x without chunking (tgi-interface.md §1.3-1.4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tgix.engine.request import EngineLimits
+
+CPU_RAM_FRACTION = 0.25  # of MemAvailable, for KV pages when --max-batch-total-tokens is unset
+DEVICE_WIGGLE_ROOM = 0.90  # TGI's TGI_WIGGLE_ROOM on free accelerator memory
+CPU_MAX_BATCH_SIZE = 64  # bucket ceiling when --max-batch-size is unset (CPU)
+DEVICE_MAX_BATCH_SIZE = 256
+DEFAULT_PREFILL_TOKENS = 4096  # TGI's fallback when no FLOP estimate applies
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LimitRequest:
+    """What the user asked for (None: derive it)."""
+
+    max_input_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_batch_prefill_tokens: int | None = None
+    max_batch_total_tokens: int | None = None
+    max_batch_size: int | None = None
+    max_waiting_tokens: int = 20
+    waiting_served_ratio: float = 0.3
+    page_size: int = 16
+    chunked_prefill: bool = False
+
+
+def available_ram_bytes() -> int:
+    """MemAvailable from /proc/meminfo (fallback: free pages from sysconf)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def kv_budget_tokens(*, free_bytes: int, kv_bytes_per_token: int, on_cpu: bool) -> int:
+    fraction = CPU_RAM_FRACTION if on_cpu else DEVICE_WIGGLE_ROOM
+    return int(free_bytes * fraction) // kv_bytes_per_token
+
+
+def resolve_limits(
+    req: LimitRequest,
+    *,
+    max_position_embeddings: int,
+    kv_budget: int,
+    on_cpu: bool,
+) -> EngineLimits:
+    """Fill in the unset limits and apply TGI's checks; raises ValueError with TGI's text.
+
+    kv_budget: tokens of KV that fit the memory left (used when max_batch_total_tokens is
+    unset). max_total_tokens defaults to min(max_position_embeddings, 4096, KV budget).
+    """
+    fail = lambda msg: ValueError(f"Argument validation error: {msg}")
+    page = req.page_size
+    total_kv = req.max_batch_total_tokens or kv_budget
+    total_kv -= total_kv % page
+    max_total = req.max_total_tokens
+    if max_total is None:
+        cap = min(max_position_embeddings, DEFAULT_PREFILL_TOKENS, total_kv)
+        max_total = cap if req.max_input_tokens is None else max(cap, req.max_input_tokens + 1)
+    max_input = req.max_input_tokens if req.max_input_tokens is not None else max_total - 1
+    prefill = req.max_batch_prefill_tokens
+    if prefill is None:
+        prefill = min(max(DEFAULT_PREFILL_TOKENS, max_input), max_position_embeddings)
+        prefill = max(prefill, max_input)
+    if req.max_batch_size == 0:
+        raise fail("`max_batch_size` must be > 0")
+    if max_input >= max_total:
+        raise fail(f"`max_input_tokens`({max_input}) must be < `max_total_tokens`({max_total})")
+    if max_input > prefill and not req.chunked_prefill:
+        raise fail(
+            "`max_batch_prefill_tokens` must be >= `max_input_tokens`. "
+            f"Given: {prefill} and {max_input}"
+        )
+    if prefill > total_kv:
+        raise fail(
+            "`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. "
+            f"Given: {prefill} and {total_kv}"
+        )
+    if max_total > total_kv:
+        if req.max_batch_total_tokens is None:
+            raise fail(f"Not enough memory to handle `max_total_tokens={max_total}`")
+        raise fail(
+            "`max_total_tokens` must be <= `max_batch_total_tokens`. "
+            f"Given: {max_total} and {total_kv}"
+        )
+    return EngineLimits(
+        max_input_tokens=max_input,
+        max_total_tokens=max_total,
+        max_batch_prefill_tokens=prefill,
+        max_batch_total_tokens=total_kv,
+        max_batch_size=req.max_batch_size,
+        max_waiting_tokens=req.max_waiting_tokens,
+        waiting_served_ratio=req.waiting_served_ratio,
+        page_size=page,
+        chunked_prefill=req.chunked_prefill,
+    )
+
+
+def bucket_batch_size(limits: EngineLimits, *, on_cpu: bool) -> int:
+    """The most rows a step is compiled for: --max-batch-size, else a per-platform ceiling
+    (no more requests than the KV budget can hold one page each)."""
+    if limits.max_batch_size is not None:
+        return limits.max_batch_size
+    ceiling = CPU_MAX_BATCH_SIZE if on_cpu else DEVICE_MAX_BATCH_SIZE
+    return max(1, min(ceiling, limits.max_batch_total_tokens // limits.page_size))

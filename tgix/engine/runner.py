@@ -1,0 +1,243 @@
+"""The only module that compiles: one ahead-of-time executable per step shape, called directly.
+
+At start-up `compile_all` lowers and compiles the model step for every StepShape of the
+configured Buckets, and the sampler for every (R, L), so serving never traces or compiles.
+JAX's persistent compilation cache makes a restart load executables instead of compiling. The
+KV pages are donated to each model step (updated in place, no copy). `run` dispatches a step
+and returns device arrays at once; `fetch` reads them back, so the caller can do host work
+(detokenizing the previous step) while the device computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from tgix.engine.batch import pack_step
+from tgix.engine.buckets import Buckets, StepShape
+from tgix.engine.kv_cache import init_kv_pages
+from tgix.engine.request import SamplingParams
+from tgix.engine.sampling import SamplingArrays, sample, token_logprobs
+from tgix.engine.sampling_host import pack_history, pack_sampling
+from tgix.models import LoadedModel
+from tgix.models.attention import AttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+_MD_FIELDS = ("positions", "slot_mapping", "token_rows", "cu_q_lens", "kv_lens", "page_table")
+
+
+def enable_compilation_cache(path: str | os.PathLike) -> None:
+    """Turn on JAX's persistent cache (every executable, however fast it compiled)."""
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunnerConfig:
+    num_pages: int
+    page_size: int
+    buckets: Buckets
+    num_top: int = 0  # alternatives per token (TGI's max_top_n_tokens)
+    vocab_limit: int | None = None  # tokenizer's vocab size (model V may be padded)
+    kv_dtype: object = None  # None: the model's dtype
+    watermark_gamma: float = 0.5
+    watermark_delta: float = 2.0
+
+
+class StepOutput(NamedTuple):
+    """Per row: sampled id, its logprob, the top-n alternatives; per token (fresh steps with
+    all_logits) the logprob of the next prompt token. Device arrays until `fetch`."""
+
+    token_ids: jax.Array  # [R] int32
+    logprobs: jax.Array  # [R] f32
+    top_ids: jax.Array  # [R, N] int32
+    top_logprobs: jax.Array  # [R, N] f32
+    prompt_logprobs: jax.Array | None  # [T] f32
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSampling:
+    """What the sampler needs of one row: its settings, the position of the token it is
+    producing (seeded draws fold it in), and its token history: prompt + generated ids when
+    it uses penalties, at least the previous token with a watermark, else empty."""
+
+    params: SamplingParams
+    position: int
+    history: Sequence[int]
+
+
+class Runner:
+    """Owns the device state (parameters, KV pages) and the compiled executables."""
+
+    def __init__(self, loaded: LoadedModel, config: RunnerConfig):
+        self.config = config
+        self.cfg = loaded.config
+        self.mesh = loaded.mesh
+        self._graphdef, self._state = nnx.split(loaded.model)
+        param_dtype = jax.tree.leaves(self._state)[0].dtype
+        kv_dtype = config.kv_dtype or param_dtype
+        self.kv = init_kv_pages(
+            self.cfg, config.num_pages, config.page_size, mesh=self.mesh, dtype=kv_dtype
+        )
+        self._replicated = NamedSharding(self.mesh, P())
+        self._vocab_limit = config.vocab_limit or self.cfg.vocab_size
+        self._model_exec: dict[StepShape, Callable] = {}
+        self._sampler_exec: dict[tuple[int, int], Callable] = {}
+        self.compile_seconds = 0.0
+
+    # -- compilation -----------------------------------------------------------------------------
+
+    def _spec(self, shape, dtype=jnp.int32):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=self._replicated)
+
+    def _model_step(self, state, token_ids, kv, md, logits_indices, *, shape: StepShape):
+        model = nnx.merge(self._graphdef, state)
+        if not shape.all_logits:
+            logits, kv = model(token_ids, kv, md, logits_indices, fresh_rows=shape.fresh)
+            return logits, None, kv
+        logits, kv = model(token_ids, kv, md, None, fresh_rows=shape.fresh)  # [T, V]
+        next_ids = jnp.roll(token_ids, -1)  # prompt_lp[t] scores token t + 1
+        prompt_lp = token_logprobs(logits, next_ids, vocab_limit=self._vocab_limit)  # [T]
+        return logits[logits_indices], prompt_lp, kv
+
+    def _compile_model(self, shape: StepShape):
+        t, r, p = shape.num_tokens, shape.num_rows, shape.pages_per_row
+        md = AttentionMetadata(
+            positions=self._spec((t,)),
+            slot_mapping=self._spec((t,)),
+            token_rows=self._spec((t,)),
+            cu_q_lens=self._spec((r + 1,)),
+            kv_lens=self._spec((r,)),
+            page_table=self._spec((r, p)),
+        )
+        as_spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
+        fn = jax.jit(functools.partial(self._model_step, shape=shape), donate_argnums=(2,))
+        lowered = fn.lower(
+            jax.tree.map(as_spec, self._state),
+            self._spec((t,)),
+            jax.tree.map(as_spec, self.kv),
+            md,
+            self._spec((r,)),
+        )
+        return lowered.compile()
+
+    def _compile_sampler(self, rows: int, history: int):
+        fn = jax.jit(
+            functools.partial(
+                sample,
+                num_top=self.config.num_top,
+                vocab_limit=self._vocab_limit,
+                watermark_gamma=self.config.watermark_gamma,
+                watermark_delta=self.config.watermark_delta,
+            )
+        )
+        arrays = pack_sampling([], rows)
+        return fn.lower(
+            self._spec((rows, self.cfg.vocab_size), jnp.float32),
+            SamplingArrays(**{k: self._spec(v.shape, v.dtype) for k, v in arrays.items()}),
+            self._spec((rows,)),
+            self._spec((rows, history)),
+        ).compile()
+
+    def compile_all(self, progress: bool = True) -> float:
+        """Compile every shape the buckets allow (a progress bar on stderr); returns seconds."""
+        from tqdm import tqdm
+
+        work = [("model", s) for s in self.config.buckets.model_shapes()]
+        work += [("sampler", s) for s in self.config.buckets.sampler_shapes()]
+        start = time.perf_counter()
+        for kind, shape in tqdm(work, desc="compiling", unit="step", disable=not progress):
+            if kind == "model" and shape not in self._model_exec:
+                self._model_exec[shape] = self._compile_model(shape)
+            elif kind == "sampler" and shape not in self._sampler_exec:
+                self._sampler_exec[shape] = self._compile_sampler(*shape)
+        self.compile_seconds = time.perf_counter() - start
+        return self.compile_seconds
+
+    @property
+    def num_executables(self) -> int:
+        return len(self._model_exec) + len(self._sampler_exec)
+
+    def _model_for(self, shape: StepShape):
+        if shape not in self._model_exec:  # only when compile_all was skipped (tests, tools)
+            logger.warning("compiling %s during serving", shape)
+            self._model_exec[shape] = self._compile_model(shape)
+        return self._model_exec[shape]
+
+    def _sampler_for(self, rows: int, history: int):
+        if (rows, history) not in self._sampler_exec:
+            logger.warning("compiling sampler %s during serving", (rows, history))
+            self._sampler_exec[rows, history] = self._compile_sampler(rows, history)
+        return self._sampler_exec[rows, history]
+
+    # -- serving ---------------------------------------------------------------------------------
+
+    def run(
+        self, rows: Sequence, sampling: Sequence[RowSampling], *, prompt_logprobs: bool = False
+    ) -> StepOutput:
+        """Dispatch one step: rows (ScheduledRow-like: token_ids, start_pos, pages) and one
+        RowSampling per row. Returns device arrays; nothing waits for the device."""
+        page_size = self.config.page_size
+        shape = self.config.buckets.shape_for(rows, all_logits=prompt_logprobs)
+        packed = pack_step(
+            rows,
+            page_size=page_size,
+            num_tokens=shape.num_tokens,
+            num_rows=shape.num_rows,
+            pages_per_row=shape.pages_per_row,
+        )
+        history_len = self._history_len(sampling)
+        sampler_host = pack_sampling([s.params for s in sampling], shape.num_rows)
+        positions = np.zeros(shape.num_rows, np.int32)
+        positions[: len(sampling)] = [s.position for s in sampling]
+        histories = [s.history for s in sampling]
+        host = (
+            packed["token_ids"],
+            {k: packed[k] for k in _MD_FIELDS},
+            packed["logits_indices"],
+            sampler_host,
+            positions,
+            pack_history(histories, shape.num_rows, history_len),
+        )
+        token_ids, md, logits_indices, arrays, positions, history = jax.device_put(
+            host, self._replicated
+        )
+        logits, prompt_lp, self.kv = self._model_for(shape)(
+            self._state, token_ids, self.kv, AttentionMetadata(**md), logits_indices
+        )
+        sampled = self._sampler_for(shape.num_rows, history_len)(
+            logits, SamplingArrays(**arrays), positions, history
+        )
+        return StepOutput(*sampled, prompt_lp)
+
+    def _history_len(self, sampling: Sequence[RowSampling]) -> int:
+        lengths = self.config.buckets.history
+        if not any(s.params.uses_penalties or s.params.watermark for s in sampling):
+            return lengths[0]
+        return lengths[-1]
+
+    @staticmethod
+    def fetch(out: StepOutput) -> StepOutput:
+        """Block until the step is done; numpy arrays."""
+        return StepOutput(*(None if a is None else np.asarray(a) for a in out))
+
+    def reset_kv(self) -> None:
+        """Fresh zeroed pages (after a failed step whose donated buffers are gone)."""
+        dtype = self.kv[0].k.dtype
+        self.kv = init_kv_pages(
+            self.cfg, self.config.num_pages, self.config.page_size, mesh=self.mesh, dtype=dtype
+        )

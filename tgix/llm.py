@@ -1,0 +1,91 @@
+"""`tgix.LLM`: the serving engine as a Python object (batched `generate`, streaming `stream`).
+
+    llm = tgix.LLM()                                # the embedded SmolLM2, or a folder/Hub id
+    [c] = llm.generate(["The capital of France is"], max_new_tokens=8)
+    c.generated_text, c.finish_reason, [t.id for t in c.tokens]
+    for event in llm.stream("Once upon a time", max_new_tokens=16, do_sample=True, seed=1): ...
+
+Prompts are strings (tokenized with the model's tokenizer, special tokens added as TGI does)
+or lists of token ids. All prompts of one `generate` call are submitted at once and share
+steps through continuous batching.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+from tgix.engine.factory import EngineOptions, create_engine
+from tgix.engine.limits import LimitRequest
+from tgix.engine.request import Completion, GenerationRequest, SamplingParams, TokenEvent
+
+_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+_REQUEST_FIELDS = {"stop", "ignore_eos", "top_n_tokens", "prompt_logprobs", "best_of"}
+
+
+class LLM:
+    """Load a model, size and compile an engine, serve it in-process."""
+
+    def __init__(
+        self,
+        model_id: str | None = None,
+        *,
+        revision: str | None = None,
+        dtype=None,
+        mesh=None,
+        tokenizer_config_path: str | None = None,
+        limits: LimitRequest | None = None,
+        options: EngineOptions | None = None,
+    ):
+        from tgix.models import load_model
+        from tgix.tokenizer import load_tokenizer
+
+        loaded = load_model(model_id, revision=revision, dtype=dtype, mesh=mesh)
+        self.tokenizer = load_tokenizer(loaded.files, tokenizer_config_path=tokenizer_config_path)
+        self.engine = create_engine(
+            loaded, self.tokenizer, limits, options, model_id=model_id or "SmolLM2-135M-Instruct"
+        )
+
+    def _request(self, prompt: str | Sequence[int], kwargs: dict) -> GenerationRequest:
+        unknown = set(kwargs) - _SAMPLING_FIELDS - _REQUEST_FIELDS - {"max_new_tokens"}
+        if unknown:
+            raise TypeError(f"unknown generation arguments: {sorted(unknown)}")
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        sampling = SamplingParams(**{k: v for k, v in kwargs.items() if k in _SAMPLING_FIELDS})
+        extra = {k: v for k, v in kwargs.items() if k in _REQUEST_FIELDS}
+        if "stop" in extra:
+            extra["stop"] = tuple(extra["stop"])
+        return GenerationRequest(
+            prompt_ids=tuple(ids),
+            max_new_tokens=kwargs.get("max_new_tokens", 20),
+            sampling=sampling,
+            **extra,
+        )
+
+    def generate(
+        self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]], **kwargs
+    ) -> list[Completion]:
+        """Completions for each prompt, in order (blocking). Keyword arguments are
+        SamplingParams fields plus max_new_tokens, stop, ignore_eos, top_n_tokens,
+        prompt_logprobs and best_of. Raises GenerationError if a request fails."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        streams = [self.engine.submit(self._request(p, kwargs)) for p in prompts]
+        results = []
+        for stream in streams:
+            *_, final = stream
+            results.append(final)
+        return results
+
+    def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[TokenEvent | Completion]:
+        """TokenEvents as they are produced, then the Completion."""
+        yield from self.engine.submit(self._request(prompt, kwargs))
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
