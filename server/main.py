@@ -100,7 +100,11 @@ def main(argv: Sequence[str] | None, engine_factory: EngineFactory) -> int:
             "python %s on %s; settings %s", platform.python_version(), platform.platform(), settings
         )
     log.info("building the engine for %s", settings.model_id or "the default model")
-    engine = engine_factory(settings)
+    try:
+        engine = engine_factory(settings)
+    except ArgumentError as exc:  # the factory's checks on the limits it derived
+        print(exc, file=sys.stderr)
+        return 1
     try:
         check_effective_limits(engine.limits)  # type: ignore[attr-defined]
     except ArgumentError as exc:

@@ -1,59 +1,67 @@
-"""`python -m tgix.serve`: TGI's launcher. For now it loads and checks the model and tokenizer.
-
-The HTTP server and the engine loop land with the engine and server issues; until then this
-command validates that a model loads (weights, config, tokenizer, chat template), prints a
-one-line summary, and exits with status 3 to say that serving itself is not available yet.
+"""`python -m tgix.serve`: TGI's launcher. Parses TGI's flags (server.args), loads the model and
+tokenizer, sizes the limits and compiles every step shape (tgix.engine.factory), then serves
+the HTTP API (server.app) until SIGTERM.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
 
-NOT_YET = 3
+DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    env = os.environ.get
-    p = argparse.ArgumentParser(prog="python -m tgix.serve", description=__doc__)
-    p.add_argument(
-        "--model-id",
-        default=env("MODEL_ID"),
-        help="folder, .gguf, or Hub id (default: the embedded SmolLM2-135M-Instruct)",
+def build_engine(settings):
+    """The launcher's engine factory: Settings -> a warmed-up Engine."""
+    from server.metrics import record_step
+    from server.settings import ArgumentError
+    from tgix.engine.factory import EngineOptions, create_engine
+    from tgix.engine.limits import LimitRequest
+    from tgix.models import load_model
+    from tgix.tokenizer import load_tokenizer
+
+    loaded = load_model(
+        settings.model_id,
+        revision=settings.revision,
+        dtype=settings.dtype,
+        cache_dir=settings.huggingface_hub_cache,
+        token=os.environ.get("HF_TOKEN"),
     )
-    p.add_argument("--revision", default=env("REVISION"))
-    p.add_argument("--dtype", default=env("DTYPE"), choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--huggingface-hub-cache", default=env("HUGGINGFACE_HUB_CACHE"))
-    p.add_argument("--tokenizer-config-path", default=env("TOKENIZER_CONFIG_PATH"))
-    return p.parse_args(argv)
+    tokenizer = load_tokenizer(loaded.files, tokenizer_config_path=settings.tokenizer_config_path)
+    limits = LimitRequest(
+        max_input_tokens=settings.max_input_tokens,
+        max_total_tokens=settings.max_total_tokens,
+        max_batch_prefill_tokens=settings.max_batch_prefill_tokens,
+        max_batch_total_tokens=settings.max_batch_total_tokens,
+        max_batch_size=settings.max_batch_size,
+        max_waiting_tokens=settings.max_waiting_tokens,
+        waiting_served_ratio=settings.waiting_served_ratio,
+        chunked_prefill=os.environ.get("TGIX_CHUNKED_PREFILL", "0") == "1",
+    )
+    options = EngineOptions(
+        max_top_n_tokens=settings.max_top_n_tokens,
+        prompt_logprobs=settings.enable_prefill_logprobs,
+        watermark_gamma=settings.watermark_gamma if settings.watermark_gamma is not None else 0.5,
+        watermark_delta=settings.watermark_delta if settings.watermark_delta is not None else 2.0,
+        progress=sys.stderr.isatty() or os.environ.get("TGIX_PROGRESS") == "1",
+    )
+    try:
+        return create_engine(
+            loaded,
+            tokenizer,
+            limits,
+            options,
+            model_id=settings.model_id or DEFAULT_MODEL_NAME,
+            on_step=record_step,
+        )
+    except ValueError as exc:  # TGI's start-up checks on the effective limits
+        raise ArgumentError(str(exc)) from exc
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from tgix import load_model, load_tokenizer
+    from server.main import main as serve_main
 
-    start = time.perf_counter()
-    loaded = load_model(
-        args.model_id,
-        revision=args.revision,
-        dtype=args.dtype,
-        cache_dir=args.huggingface_hub_cache,
-        token=os.environ.get("HF_TOKEN"),
-    )
-    tokenizer = load_tokenizer(loaded.files, tokenizer_config_path=args.tokenizer_config_path)
-    cfg = loaded.config
-    print(
-        f"loaded {loaded.files.path} in {time.perf_counter() - start:.1f}s: {cfg.model_type}, "
-        f"{cfg.num_layers} layers, D={cfg.hidden_size}, N={cfg.num_heads}, K={cfg.num_kv_heads}, "
-        f"V={cfg.vocab_size}, tokenizer {tokenizer.vocab_size} ids, "
-        f"chat template {'yes' if tokenizer.chat_template else 'no'}"
-    )
-    print(
-        "tgix: the HTTP server is not implemented yet (engine and server issues)", file=sys.stderr
-    )
-    return NOT_YET
+    return serve_main(sys.argv[1:] if argv is None else argv, build_engine)
 
 
 if __name__ == "__main__":

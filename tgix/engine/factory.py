@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +37,8 @@ class EngineOptions:
     watermark_gamma: float = 0.5
     watermark_delta: float = 2.0
     kv_dtype: str | None = None  # None: the model's dtype
-    compilation_cache: str | None = None  # None: $TGIX_CACHE/xla; "" disables it
+    # JAX's persistent cache and tgix's serialized executables; None: $TGIX_CACHE/xla, "": off
+    compilation_cache: str | None = None
     compile: bool = True  # compile every bucket before serving
     warmup: bool = True  # run one request end to end before reporting healthy
     progress: bool = True
@@ -86,10 +88,13 @@ def create_engine(
         chunked_prefill=effective.chunked_prefill,
         prompt_logprobs=options.prompt_logprobs,
     )
+    executable_cache = None
     if options.compilation_cache != "":
         from tgix.tokenizer import cache_root
 
-        enable_compilation_cache(options.compilation_cache or cache_root() / "xla")
+        xla_cache = Path(options.compilation_cache or cache_root() / "xla")
+        enable_compilation_cache(xla_cache)
+        executable_cache = str(xla_cache / "tgix-executables")
     num_pages = effective.max_batch_total_tokens // page_size + 1  # + the null page
     runner = Runner(
         loaded,
@@ -102,6 +107,7 @@ def create_engine(
             kv_dtype=kv_dtype,
             watermark_gamma=options.watermark_gamma,
             watermark_delta=options.watermark_delta,
+            executable_cache=executable_cache,
         ),
     )
     if options.compile:

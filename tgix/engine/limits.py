@@ -49,8 +49,15 @@ def available_ram_bytes() -> int:
 
 
 def kv_budget_tokens(*, free_bytes: int, kv_bytes_per_token: int, on_cpu: bool) -> int:
+    """Tokens of KV that fit, rounded down to a multiple of a quarter of its highest power of
+    two: free memory drifts between starts, and an unchanged KV shape lets a restart reuse
+    its compiled executables."""
     fraction = CPU_RAM_FRACTION if on_cpu else DEVICE_WIGGLE_ROOM
-    return int(free_bytes * fraction) // kv_bytes_per_token
+    tokens = int(free_bytes * fraction) // kv_bytes_per_token
+    if tokens < 8:
+        return tokens
+    step = 1 << (tokens.bit_length() - 3)
+    return tokens - tokens % step
 
 
 def resolve_limits(

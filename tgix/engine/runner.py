@@ -27,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from tgix.engine.batch import pack_step
 from tgix.engine.buckets import Buckets, StepShape
+from tgix.engine.executable_cache import ExecutableCache
 from tgix.engine.kv_cache import init_kv_pages
 from tgix.engine.request import SamplingParams
 from tgix.engine.sampling import SamplingArrays, sample, token_logprobs
@@ -56,6 +57,7 @@ class RunnerConfig:
     kv_dtype: object = None  # None: the model's dtype
     watermark_gamma: float = 0.5
     watermark_delta: float = 2.0
+    executable_cache: str | None = None  # folder for serialized executables (None: off)
 
 
 class StepOutput(NamedTuple):
@@ -95,6 +97,8 @@ class Runner:
         )
         self._replicated = NamedSharding(self.mesh, P())
         self._vocab_limit = config.vocab_limit or self.cfg.vocab_size
+        self._executables = ExecutableCache(config.executable_cache)
+        self._base_description: str | None = None
         self._model_exec: dict[StepShape, Callable] = {}
         self._sampler_exec: dict[tuple[int, int], Callable] = {}
         self.compile_seconds = 0.0
@@ -114,7 +118,26 @@ class Runner:
         prompt_lp = token_logprobs(logits, next_ids, vocab_limit=self._vocab_limit)  # [T]
         return logits[logits_indices], prompt_lp, kv
 
+    def _describe(self, *what) -> str:
+        """Everything that shapes a compiled program besides tgix's source and jax itself."""
+        if self._base_description is None:
+            leaves = jax.tree_util.tree_flatten_with_path((self._state, self.kv))[0]
+            arrays = [
+                (jax.tree_util.keystr(k), a.shape, str(a.dtype), str(a.sharding)) for k, a in leaves
+            ]
+            model = nnx.merge(self._graphdef, self._state)
+            backend = model.layers[0].self_attn.backend
+            c = self.config
+            knobs = (c.num_top, self._vocab_limit, c.watermark_gamma, c.watermark_delta, backend)
+            self._base_description = repr((self.cfg, knobs, dict(self.mesh.shape), arrays))
+        return repr(what) + self._base_description
+
     def _compile_model(self, shape: StepShape):
+        return self._executables.get_or_compile(
+            self._describe("model", shape), lambda: self._lower_model(shape).compile()
+        )
+
+    def _lower_model(self, shape: StepShape):
         t, r, p = shape.num_tokens, shape.num_rows, shape.pages_per_row
         md = AttentionMetadata(
             positions=self._spec((t,)),
@@ -133,9 +156,15 @@ class Runner:
             md,
             self._spec((r,)),
         )
-        return lowered.compile()
+        return lowered
 
     def _compile_sampler(self, rows: int, history: int):
+        return self._executables.get_or_compile(
+            self._describe("sampler", rows, history),
+            lambda: self._lower_sampler(rows, history).compile(),
+        )
+
+    def _lower_sampler(self, rows: int, history: int):
         fn = jax.jit(
             functools.partial(
                 sample,
@@ -151,7 +180,7 @@ class Runner:
             SamplingArrays(**{k: self._spec(v.shape, v.dtype) for k, v in arrays.items()}),
             self._spec((rows,)),
             self._spec((rows, history)),
-        ).compile()
+        )
 
     def compile_all(self, progress: bool = True) -> float:
         """Compile every shape the buckets allow (a progress bar on stderr); returns seconds."""
