@@ -224,11 +224,12 @@ class Engine:
         now = time.monotonic()
         for live in lives:
             live.started = live.started or now
-        if self._last_step_done is not None:
-            self._host_gaps.append(now - self._last_step_done)
         self._step_started = now
         try:
-            out = Runner.fetch(self.runner.run(rows, sampling, prompt_logprobs=want_prefill))
+            pending = self.runner.run(rows, sampling, prompt_logprobs=want_prefill)
+            if self._last_step_done is not None:  # device idle: last results -> this dispatch
+                self._host_gaps.append(self.runner.dispatched_at - self._last_step_done)
+            out = Runner.fetch(pending)
         except Exception as exc:  # a failed step ends its requests, not the engine
             logger.exception("step failed")
             self._fail_step(step, exc)

@@ -102,6 +102,7 @@ class Runner:
         self._model_exec: dict[StepShape, Callable] = {}
         self._sampler_exec: dict[tuple[int, int], Callable] = {}
         self.compile_seconds = 0.0
+        self.dispatched_at = 0.0  # monotonic time of the last model-step dispatch
 
     # -- compilation -----------------------------------------------------------------------------
 
@@ -245,6 +246,7 @@ class Runner:
         token_ids, md, logits_indices, arrays, positions, history = jax.device_put(
             host, self._replicated
         )
+        self.dispatched_at = time.monotonic()
         logits, prompt_lp, self.kv = self._model_for(shape)(
             self._state, token_ids, self.kv, AttentionMetadata(**md), logits_indices
         )
