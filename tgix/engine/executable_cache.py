@@ -14,7 +14,7 @@ import hashlib
 import logging
 import os
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 
@@ -49,15 +49,18 @@ def _environment() -> str:
 
 
 class ExecutableCache:
-    """get_or_compile(description, compile) -> a loaded executable."""
+    """get_or_compile(description, compile) -> a loaded executable on `devices` (the mesh's
+    devices, in order: a loaded executable otherwise spans every local device)."""
 
-    def __init__(self, folder: str | os.PathLike | None):
+    def __init__(self, folder: str | os.PathLike | None, devices: Sequence[jax.Device]):
         self.folder = Path(folder) if folder else None
+        self.devices = list(devices)
         self.hits = self.misses = 0
 
     def _path(self, description: str) -> Path:
+        devices = repr([d.id for d in self.devices])
         key = hashlib.sha256(
-            "\n".join((_source_digest(), _environment(), description)).encode()
+            "\n".join((_source_digest(), _environment(), devices, description)).encode()
         ).hexdigest()
         return self.folder / f"{key[:40]}.exe"
 
@@ -68,7 +71,9 @@ class ExecutableCache:
         if path.exists():
             try:
                 payload, in_tree, out_tree = pickle.loads(path.read_bytes())
-                executable = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+                executable = serialize_executable.deserialize_and_load(
+                    payload, in_tree, out_tree, execution_devices=self.devices
+                )
                 self.hits += 1
                 return executable
             except Exception:  # stale or truncated: compile again

@@ -97,7 +97,7 @@ class Runner:
         )
         self._replicated = NamedSharding(self.mesh, P())
         self._vocab_limit = config.vocab_limit or self.cfg.vocab_size
-        self._executables = ExecutableCache(config.executable_cache)
+        self._executables = ExecutableCache(config.executable_cache, list(self.mesh.devices.flat))
         self._base_description: str | None = None
         self._model_exec: dict[StepShape, Callable] = {}
         self._sampler_exec: dict[tuple[int, int], Callable] = {}

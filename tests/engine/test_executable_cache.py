@@ -1,0 +1,47 @@
+"""Serialized executables: a second start loads instead of compiling, a damaged file is
+recompiled, and each description gets its own entry."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tgix.engine.executable_cache import ExecutableCache
+
+
+def _compile(scale):
+    spec = jax.ShapeDtypeStruct((4,), jnp.float32)
+    return lambda: jax.jit(lambda x: x * scale + 1).lower(spec).compile()
+
+
+def test_load_after_save_runs_the_same_program(tmp_path):
+    devices = jax.devices()[:1]
+    x = jnp.arange(4, dtype=jnp.float32)
+    first = ExecutableCache(tmp_path, devices)
+    want = np.asarray(first.get_or_compile("double", _compile(2.0))(x))
+    second = ExecutableCache(tmp_path, devices)
+    got = np.asarray(second.get_or_compile("double", _compile(99.0))(x))  # must not compile
+    assert (first.misses, second.hits, second.misses) == (1, 1, 0)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, [1, 3, 5, 7])
+
+
+def test_damaged_entry_is_recompiled_and_descriptions_are_separate(tmp_path):
+    devices = jax.devices()[:1]
+    x = jnp.ones(4, jnp.float32)
+    cache = ExecutableCache(tmp_path, devices)
+    cache.get_or_compile("a", _compile(2.0))
+    cache.get_or_compile("b", _compile(3.0))
+    files = sorted(tmp_path.glob("*.exe"))
+    assert len(files) == 2
+    for f in files:
+        f.write_bytes(b"garbage")
+    again = ExecutableCache(tmp_path, devices)
+    np.testing.assert_array_equal(np.asarray(again.get_or_compile("b", _compile(3.0))(x)), 4.0)
+    assert (again.hits, again.misses) == (0, 1)
+
+
+def test_disabled_cache_always_compiles(tmp_path):
+    cache = ExecutableCache(None, jax.devices()[:1])
+    out = cache.get_or_compile("x", _compile(2.0))(jnp.zeros(4, jnp.float32))
+    np.testing.assert_array_equal(np.asarray(out), 1.0)
+    assert list(tmp_path.iterdir()) == []
