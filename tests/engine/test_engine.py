@@ -36,12 +36,15 @@ def greedy(n_new: int, **kw) -> GenerationRequest:
 
 
 def test_greedy_ids_equal_the_model_forward(engine, driver_greedy):
+    """Also while decode steps overlap (the next step is sent before this one is read)."""
+    overlapped = wait_idle(engine)["overlapped_steps"]
     for seed, n in ((0, 5), (1, 17), (2, 40)):
         p = prompt(seed, n)
         c = run(engine, greedy(12, prompt_ids=p))
         assert ids(c) == driver_greedy(p, 12)
         assert c.finish_reason == "length" and c.generated_tokens == 12 and c.seed is None
         assert c.generated_text == engine.tokenizer.decode(ids(c), skip_special_tokens=True)
+    assert wait_idle(engine)["overlapped_steps"] >= overlapped + 3 * 9
 
 
 @pytest.mark.parametrize("others", [1, 3, 7])

@@ -12,6 +12,7 @@ keeps serving the others; a watchdog (`healthy`) reports whether steps still com
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import secrets
@@ -22,14 +23,28 @@ from collections.abc import Callable
 
 from tgix.engine.best_of import BestOfGroup
 from tgix.engine.output import RequestOutput
-from tgix.engine.request import EngineLimits, GenerationError, GenerationRequest
-from tgix.engine.runner import RowSampling, Runner
+from tgix.engine.request import EngineLimits, GenerationError, GenerationRequest, SamplingParams
+from tgix.engine.runner import RowSampling, Runner, StepOutput
 from tgix.engine.scheduler import ScheduledStep, Scheduler, SequenceState
 from tgix.engine.stream import RequestStream
 
 logger = logging.getLogger(__name__)
 
 StepHook = Callable[..., None]  # (kind, duration_s, batch_size, num_tokens, *, ok)
+_PLACEHOLDER = -1  # a sampled id not read back yet (overlapped steps)
+
+
+@dataclasses.dataclass(eq=False)
+class _InFlight:
+    """A dispatched step: its rows as sent, their requests, the device results."""
+
+    step: ScheduledStep
+    rows: tuple
+    lives: list
+    handle: StepOutput
+    want_prefill: bool
+    started: float
+    speculated: bool = False  # on_step_done already ran with placeholder ids
 
 
 class _Live:
@@ -70,6 +85,7 @@ class Engine:
         prompt_logprobs: bool = False,
         stall_timeout_s: float = 120.0,
         on_step: StepHook | None = None,
+        overlap: bool = True,
     ):
         self.runner, self.scheduler, self.tokenizer, self.limits = (
             runner,
@@ -90,6 +106,8 @@ class Engine:
         self._last_step_done: float | None = None
         self._host_gaps: collections.deque[float] = collections.deque(maxlen=256)
         self._stats: dict[str, float] = {}
+        self._overlap = overlap
+        self._overlapped = 0  # steps dispatched before the previous one was read back
         self._thread = threading.Thread(target=self._run, name="tgix-engine", daemon=True)
         self._thread.start()
 
@@ -143,16 +161,25 @@ class Engine:
 
     def _run(self) -> None:
         try:
+            inflight: _InFlight | None = None
             while not self._stopping:
-                self._drain_inbox()
-                step = self.scheduler.schedule()
-                if step is None:
-                    self._last_step_done = None  # idle time is not a host gap
-                    self._refresh_stats()
-                    self._wake.wait(0.05)
-                    self._wake.clear()
-                    continue
-                self._execute(step)
+                if inflight is None:
+                    self._drain_inbox()
+                    step = self.scheduler.schedule()
+                    if step is None:
+                        self._last_step_done = None  # idle time is not a host gap
+                        self._refresh_stats()
+                        self._wake.wait(0.05)
+                        self._wake.clear()
+                        continue
+                    inflight = self._dispatch(step, step.rows)
+                    if inflight is None:
+                        continue
+                ahead = self._schedule_ahead(inflight)
+                self._complete(inflight)
+                if isinstance(ahead, ScheduledStep):  # needed the tokens just read
+                    ahead = self._dispatch(ahead, self._with_real_tokens(ahead.rows))
+                inflight = ahead
                 self._refresh_stats()
         except BaseException:
             logger.exception("engine loop died")
@@ -210,29 +237,91 @@ class Engine:
         output = RequestOutput(request, self.tokenizer, seed=seed)
         self._live[request_id] = _Live(request, params, output, seq, emit)
 
-    def _execute(self, step: ScheduledStep) -> None:
-        rows = step.rows
-        lives = [self._live[r.request_id] for r in rows]
+    def _dispatch(self, step: ScheduledStep, rows, token_ids=None) -> _InFlight | None:
+        """Send a step to the device (rows may carry patched token ids; `token_ids` is the
+        previous step's device output when it feeds this one directly)."""
+        lives = [self._live.get(r.request_id) for r in rows]
         sampling = [
             RowSampling(live.params, r.start_pos + len(r.token_ids), live.history())
+            if live is not None
+            else RowSampling(SamplingParams(), r.start_pos + 1, [])  # ended meanwhile
             for r, live in zip(rows, lives, strict=True)
         ]
         want_prefill = self._prompt_logprobs and any(
-            live.request.prompt_logprobs and not live.output.prefill and r.start_pos == 0
+            live is not None
+            and live.request.prompt_logprobs
+            and not live.output.prefill
+            and r.start_pos == 0
             for r, live in zip(rows, lives, strict=True)
         )
         now = time.monotonic()
         for live in lives:
-            live.started = live.started or now
+            if live is not None:
+                live.started = live.started or now
         self._step_started = now
         try:
-            pending = self.runner.run(rows, sampling, prompt_logprobs=want_prefill)
-            if self._last_step_done is not None:  # device idle: last results -> this dispatch
-                self._host_gaps.append(self.runner.dispatched_at - self._last_step_done)
-            out = Runner.fetch(pending)
+            handle = self.runner.run(
+                rows, sampling, prompt_logprobs=want_prefill, device_token_ids=token_ids
+            )
         except Exception as exc:  # a failed step ends its requests, not the engine
             logger.exception("step failed")
-            self._fail_step(step, exc)
+            self._fail_step(step, exc, speculated=False)
+            self._step_started = None
+            return None
+        if self._last_step_done is not None:  # device idle from the last results to here
+            self._host_gaps.append(max(0.0, self.runner.dispatched_at - self._last_step_done))
+        return _InFlight(step, tuple(rows), lives, handle, want_prefill, now)
+
+    def _schedule_ahead(self, inflight: _InFlight) -> _InFlight | ScheduledStep | None:
+        """Overlap: before reading a decode step back, record its tokens as placeholders and
+        schedule the next step. If it decodes the same rows, dispatch it now, fed by the
+        device's sampled ids; otherwise return it to dispatch once the ids are known. Only
+        when nothing is waiting (admissions and cancels take the synchronous path) and no row
+        needs its token history (penalties, watermark) or ends by length at this step."""
+        if not self._overlap or inflight.want_prefill or self._inbox or self.scheduler.num_waiting:
+            return None
+        for row, live in zip(inflight.rows, inflight.lives, strict=True):
+            if live is None or row.is_prefill or len(row.token_ids) != 1:
+                return None
+            seq, params = live.seq, live.params
+            if params.uses_penalties or params.watermark:
+                return None
+            if len(seq.output_ids) + 1 >= seq.max_new_tokens:
+                return None
+        placeholders = {r.request_id: _PLACEHOLDER for r in inflight.rows}
+        self.scheduler.on_step_done(inflight.step, placeholders)
+        inflight.speculated = True
+        step = self.scheduler.schedule()
+        if step is None:
+            return None
+        same = [r.request_id for r in step.rows] == [r.request_id for r in inflight.rows]
+        if same and all(not r.is_prefill and len(r.token_ids) == 1 for r in step.rows):
+            self._overlapped += 1
+            return self._dispatch(step, step.rows, token_ids=inflight.handle.token_ids)
+        return step
+
+    def _with_real_tokens(self, rows):
+        """Rows scheduled while their last token was a placeholder, with the sampled ids."""
+        patched = []
+        for row in rows:
+            live = self._live.get(row.request_id)
+            if live is None or _PLACEHOLDER not in row.token_ids:
+                patched.append(row)
+                continue
+            full = live.seq.prompt_ids + live.seq.output_ids
+            ids = tuple(max(t, 0) for t in full[row.start_pos : row.start_pos + len(row.token_ids)])
+            patched.append(dataclasses.replace(row, token_ids=ids))
+        return patched
+
+    def _complete(self, inflight: _InFlight) -> None:
+        """Read a step back and turn its sampled ids into events."""
+        step, rows, lives = inflight.step, inflight.rows, inflight.lives
+        self._step_started = inflight.started
+        try:
+            out = Runner.fetch(inflight.handle)
+        except Exception as exc:
+            logger.exception("step failed")
+            self._fail_step(step, exc, speculated=inflight.speculated)
             return
         finally:
             self._step_started = None
@@ -240,15 +329,26 @@ class Engine:
         self._last_step_done = done
         kind = "prefill" if any(r.is_prefill for r in rows) else "decode"
         if self._on_step is not None:
-            self._on_step(kind, done - now, len(rows), step.num_tokens, ok=True)
+            self._on_step(kind, done - inflight.started, len(rows), step.num_tokens, ok=True)
         sampled = {
             r.request_id: int(out.token_ids[i]) for i, r in enumerate(rows) if r.produces_token
         }
-        at_length = set(self.scheduler.on_step_done(step, sampled))
+        if inflight.speculated:  # on_step_done already ran with placeholders: fill them in
+            at_length: set[str] = set()
+            for request_id, token in sampled.items():
+                live = self._live.get(request_id)
+                if live is not None and live.seq.output_ids[-1:] == [_PLACEHOLDER]:
+                    live.seq.output_ids[-1] = token
+        else:
+            live_ids = {i for i in sampled if i in self._live}
+            sampled = {i: t for i, t in sampled.items() if i in live_ids}
+            at_length = set(self.scheduler.on_step_done(step, sampled))
         offset = 0
         for i, (row, live) in enumerate(zip(rows, lives, strict=True)):
             start, offset = offset, offset + len(row.token_ids)
-            if want_prefill and live.request.prompt_logprobs and row.start_pos == 0:
+            if live is None or row.request_id not in self._live:
+                continue  # ended (cancelled, failed, stopped) while this step ran
+            if inflight.want_prefill and live.request.prompt_logprobs and row.start_pos == 0:
                 live.output.set_prefill(out.prompt_logprobs[start : offset - 1])
             if row.produces_token:
                 self._on_token(live, row.request_id, out, i, row.request_id in at_length, done)
@@ -280,11 +380,12 @@ class Engine:
         if live is not None and error is not None:
             live.emit([error])
 
-    def _fail_step(self, step: ScheduledStep, exc: Exception) -> None:
+    def _fail_step(self, step: ScheduledStep, exc: Exception, *, speculated: bool) -> None:
         error = GenerationError(f"{type(exc).__name__}: {exc}", "generation")
         for row in step.rows:
             self._finish(row.request_id, error)
-        self.scheduler.on_step_done(step, {})
+        if not speculated:  # else on_step_done already ran (with placeholders)
+            self.scheduler.on_step_done(step, {})
         if any(layer.k.is_deleted() for layer in self.runner.kv):  # donated, then lost
             self.runner.reset_kv()
             self.scheduler.requeue_all()
@@ -311,4 +412,5 @@ class Engine:
             "preemptions": s["preemptions"],
             "steps": s["steps"],
             "host_gap_ms_median": 1e3 * gaps[len(gaps) // 2] if gaps else 0.0,
+            "overlapped_steps": self._overlapped,
         }

@@ -217,10 +217,18 @@ class Runner:
     # -- serving ---------------------------------------------------------------------------------
 
     def run(
-        self, rows: Sequence, sampling: Sequence[RowSampling], *, prompt_logprobs: bool = False
+        self,
+        rows: Sequence,
+        sampling: Sequence[RowSampling],
+        *,
+        prompt_logprobs: bool = False,
+        device_token_ids: jax.Array | None = None,
     ) -> StepOutput:
         """Dispatch one step: rows (ScheduledRow-like: token_ids, start_pos, pages) and one
-        RowSampling per row. Returns device arrays; nothing waits for the device."""
+        RowSampling per row. Returns device arrays; nothing waits for the device.
+        `device_token_ids` [T] replaces the rows' ids with a device array (the previous decode
+        step's sampled ids, same rows in the same order), so this step can be sent before
+        those ids are read back."""
         page_size = self.config.page_size
         shape = self.config.buckets.shape_for(rows, all_logits=prompt_logprobs)
         packed = pack_step(
@@ -246,6 +254,10 @@ class Runner:
         token_ids, md, logits_indices, arrays, positions, history = jax.device_put(
             host, self._replicated
         )
+        if device_token_ids is not None:
+            if device_token_ids.shape != token_ids.shape:
+                raise ValueError(f"device ids {device_token_ids.shape} for {token_ids.shape}")
+            token_ids = device_token_ids
         self.dispatched_at = time.monotonic()
         logits, prompt_lp, self.kv = self._model_for(shape)(
             self._state, token_ids, self.kv, AttentionMetadata(**md), logits_indices
