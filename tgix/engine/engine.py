@@ -12,63 +12,30 @@ keeps serving the others; a watchdog (`healthy`) reports whether steps still com
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import math
-import secrets
 import threading
 import time
 import uuid
 from collections.abc import Callable
 
 from tgix.engine.best_of import BestOfGroup
-from tgix.engine.output import RequestOutput
+from tgix.engine.live import (
+    PLACEHOLDER,
+    InFlight,
+    LiveRequest,
+    admit,
+    can_run_ahead,
+    with_real_tokens,
+)
 from tgix.engine.request import EngineLimits, GenerationError, GenerationRequest, SamplingParams
-from tgix.engine.runner import RowSampling, Runner, StepOutput
-from tgix.engine.scheduler import ScheduledStep, Scheduler, SequenceState
+from tgix.engine.runner import RowSampling, Runner
+from tgix.engine.scheduler import ScheduledStep, Scheduler
 from tgix.engine.stream import RequestStream
 
 logger = logging.getLogger(__name__)
 
 StepHook = Callable[..., None]  # (kind, duration_s, batch_size, num_tokens, *, ok)
-_PLACEHOLDER = -1  # a sampled id not read back yet (overlapped steps)
-
-
-@dataclasses.dataclass(eq=False)
-class _InFlight:
-    """A dispatched step: its rows as sent, their requests, the device results."""
-
-    step: ScheduledStep
-    rows: tuple
-    lives: list
-    handle: StepOutput
-    want_prefill: bool
-    started: float
-    speculated: bool = False  # on_step_done already ran with placeholder ids
-
-
-class _Live:
-    """Engine-thread state of one running or queued request."""
-
-    __slots__ = ("emit", "output", "params", "request", "seq", "submitted", "started")
-
-    def __init__(self, request, params, output, seq: SequenceState, emit):
-        self.request, self.params, self.output, self.seq, self.emit = (
-            request,
-            params,
-            output,
-            seq,
-            emit,
-        )
-        self.submitted = time.monotonic()
-        self.started: float | None = None  # first scheduled
-
-    def history(self) -> list[int]:
-        if self.params.uses_penalties:
-            return self.seq.prompt_ids + self.seq.output_ids
-        if self.params.watermark:
-            return (self.seq.prompt_ids + self.seq.output_ids)[-1:]
-        return []
 
 
 class Engine:
@@ -99,7 +66,7 @@ class Engine:
         self._on_step = on_step
         self._inbox: collections.deque = collections.deque()
         self._wake = threading.Event()
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, LiveRequest] = {}
         self._stopping = False
         self._ready = False
         self._step_started: float | None = None
@@ -161,7 +128,7 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            inflight: _InFlight | None = None
+            inflight: InFlight | None = None
             while not self._stopping:
                 if inflight is None:
                     self._drain_inbox()
@@ -178,7 +145,7 @@ class Engine:
                 ahead = self._schedule_ahead(inflight)
                 self._complete(inflight)
                 if isinstance(ahead, ScheduledStep):  # needed the tokens just read
-                    ahead = self._dispatch(ahead, self._with_real_tokens(ahead.rows))
+                    ahead = self._dispatch(ahead, with_real_tokens(ahead.rows, self._live))
                 inflight = ahead
                 self._refresh_stats()
         except BaseException:
@@ -206,38 +173,13 @@ class Engine:
         if request_id in self._live:
             emit([GenerationError(f"duplicate request id {request_id!r}", "validation")])
             return
-        n_in, limits = len(request.prompt_ids), self.limits
-        if (
-            n_in > limits.max_input_tokens
-            or n_in + request.max_new_tokens > limits.max_total_tokens
-        ):
-            why = (
-                f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
-                f"Given: {n_in} `inputs` tokens and {request.max_new_tokens} `max_new_tokens`"
-            )
-            if n_in > limits.max_input_tokens:
-                why = (
-                    f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {n_in}"
-                )
-            emit([GenerationError(why, "validation")])
-            return
-        params = request.sampling
-        if params.is_sampling and params.seed is None:
-            params = params.with_seed(secrets.randbits(64))
-        seed = params.seed if params.is_sampling else None
-        try:
-            seq = self.scheduler.add(request_id, list(request.prompt_ids), request.max_new_tokens)
-        except ValueError as exc:
-            emit([GenerationError(str(exc), "validation")])
-            return
-        if seq.finish_reason == "error":
-            why = "request does not fit the KV cache or the prefill budget"
-            emit([GenerationError(why, "validation")])
-            return
-        output = RequestOutput(request, self.tokenizer, seed=seed)
-        self._live[request_id] = _Live(request, params, output, seq, emit)
+        live = admit(request_id, request, emit, self.scheduler, self.tokenizer, self.limits)
+        if isinstance(live, GenerationError):
+            emit([live])
+        else:
+            self._live[request_id] = live
 
-    def _dispatch(self, step: ScheduledStep, rows, token_ids=None) -> _InFlight | None:
+    def _dispatch(self, step: ScheduledStep, rows, token_ids=None) -> InFlight | None:
         """Send a step to the device (rows may carry patched token ids; `token_ids` is the
         previous step's device output when it feeds this one directly)."""
         lives = [self._live.get(r.request_id) for r in rows]
@@ -270,9 +212,9 @@ class Engine:
             return None
         if self._last_step_done is not None:  # device idle from the last results to here
             self._host_gaps.append(max(0.0, self.runner.dispatched_at - self._last_step_done))
-        return _InFlight(step, tuple(rows), lives, handle, want_prefill, now)
+        return InFlight(step, tuple(rows), lives, handle, want_prefill, now)
 
-    def _schedule_ahead(self, inflight: _InFlight) -> _InFlight | ScheduledStep | None:
+    def _schedule_ahead(self, inflight: InFlight) -> InFlight | ScheduledStep | None:
         """Overlap: before reading a decode step back, record its tokens as placeholders and
         schedule the next step. If it decodes the same rows, dispatch it now, fed by the
         device's sampled ids; otherwise return it to dispatch once the ids are known. Only
@@ -280,15 +222,9 @@ class Engine:
         needs its token history (penalties, watermark) or ends by length at this step."""
         if not self._overlap or inflight.want_prefill or self._inbox or self.scheduler.num_waiting:
             return None
-        for row, live in zip(inflight.rows, inflight.lives, strict=True):
-            if live is None or row.is_prefill or len(row.token_ids) != 1:
-                return None
-            seq, params = live.seq, live.params
-            if params.uses_penalties or params.watermark:
-                return None
-            if len(seq.output_ids) + 1 >= seq.max_new_tokens:
-                return None
-        placeholders = {r.request_id: _PLACEHOLDER for r in inflight.rows}
+        if not can_run_ahead(inflight.rows, inflight.lives):
+            return None
+        placeholders = {r.request_id: PLACEHOLDER for r in inflight.rows}
         self.scheduler.on_step_done(inflight.step, placeholders)
         inflight.speculated = True
         step = self.scheduler.schedule()
@@ -300,20 +236,7 @@ class Engine:
             return self._dispatch(step, step.rows, token_ids=inflight.handle.token_ids)
         return step
 
-    def _with_real_tokens(self, rows):
-        """Rows scheduled while their last token was a placeholder, with the sampled ids."""
-        patched = []
-        for row in rows:
-            live = self._live.get(row.request_id)
-            if live is None or _PLACEHOLDER not in row.token_ids:
-                patched.append(row)
-                continue
-            full = live.seq.prompt_ids + live.seq.output_ids
-            ids = tuple(max(t, 0) for t in full[row.start_pos : row.start_pos + len(row.token_ids)])
-            patched.append(dataclasses.replace(row, token_ids=ids))
-        return patched
-
-    def _complete(self, inflight: _InFlight) -> None:
+    def _complete(self, inflight: InFlight) -> None:
         """Read a step back and turn its sampled ids into events."""
         step, rows, lives = inflight.step, inflight.rows, inflight.lives
         self._step_started = inflight.started
@@ -337,7 +260,7 @@ class Engine:
             at_length: set[str] = set()
             for request_id, token in sampled.items():
                 live = self._live.get(request_id)
-                if live is not None and live.seq.output_ids[-1:] == [_PLACEHOLDER]:
+                if live is not None and live.seq.output_ids[-1:] == [PLACEHOLDER]:
                     live.seq.output_ids[-1] = token
         else:
             live_ids = {i for i in sampled if i in self._live}
@@ -353,7 +276,9 @@ class Engine:
             if row.produces_token:
                 self._on_token(live, row.request_id, out, i, row.request_id in at_length, done)
 
-    def _on_token(self, live: _Live, request_id: str, out, i: int, at_length: bool, now: float):
+    def _on_token(
+        self, live: LiveRequest, request_id: str, out, i: int, at_length: bool, now: float
+    ):
         logprob = float(out.logprobs[i])
         if not math.isfinite(logprob) and logprob != -math.inf:
             self._finish(request_id, GenerationError("non-finite logits", "generation"))
