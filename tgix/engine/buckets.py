@@ -72,8 +72,10 @@ class Buckets:
         chunked_prefill: bool = False,
         prompt_logprobs: bool = False,
     ) -> Buckets:
-        # A recomputed (preempted) request is prefilled whole, up to max_total_tokens.
-        prefill_tokens = _powers(16, max(max_batch_prefill_tokens, max_total_tokens))
+        # A recomputed (preempted) request is prefilled whole, up to max_total_tokens; and a
+        # prefill of max_batch_size short prompts needs a T with rows_for(T) rows.
+        longest = max(max_batch_prefill_tokens, max_total_tokens, 16 * max_batch_size)
+        prefill_tokens = _powers(16, longest)
         return cls(
             prefill_tokens=prefill_tokens,
             decode_rows=_powers(1, max_batch_size),

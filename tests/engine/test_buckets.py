@@ -1,0 +1,37 @@
+"""Every step the scheduler can form has a compiled shape, and the smallest one is chosen."""
+
+from types import SimpleNamespace as Row
+
+import pytest
+
+from tgix.engine.buckets import Buckets, StepShape
+
+
+def rows(lengths, start=0):
+    return [Row(token_ids=[7] * n, start_pos=start) for n in lengths]
+
+
+@pytest.mark.parametrize("prefill,batch,total", [(64, 8, 64), (96, 8, 96), (512, 64, 1024)])
+def test_every_fresh_and_decode_step_has_a_shape(prefill, batch, total):
+    b = Buckets.build(
+        max_batch_prefill_tokens=prefill, max_batch_size=batch, max_total_tokens=total, page_size=4
+    )
+    shapes = set(b.model_shapes())
+    for n_rows in range(1, batch + 1):
+        for per_row in (1, 2, prefill // n_rows):  # many short prompts or a full budget
+            shape = b.shape_for(rows([max(1, per_row)] * n_rows))
+            assert shape in shapes and shape.fresh and shape.num_rows >= n_rows
+        decode = b.shape_for(rows([1] * n_rows, start=5))
+        assert decode in shapes and decode.num_tokens == decode.num_rows >= n_rows
+    assert b.shape_for(rows([total])) in shapes  # a preempted request recomputed whole
+
+
+def test_smallest_shapes_are_chosen():
+    b = Buckets.build(
+        max_batch_prefill_tokens=64, max_batch_size=8, max_total_tokens=64, page_size=4
+    )
+    assert b.shape_for(rows([5])) == StepShape(True, 16, 1, 0)
+    assert b.shape_for(rows([2] * 7)) == StepShape(True, 128, 8, 0)  # 7 rows need T >= 112
+    assert b.shape_for(rows([1] * 3, start=9)) == StepShape(False, 4, 4, 16)
+    with pytest.raises(ValueError, match="needs chunked_prefill"):
+        b.shape_for([*rows([1], start=3), *rows([4], start=8)])
