@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from tgix.engine.factory import EngineOptions, create_engine
 from tgix.engine.limits import LimitRequest
 from tgix.engine.request import Completion, GenerationRequest, SamplingParams, TokenEvent
+from tgix.models.hub import DEFAULT_MODEL_ID
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 _REQUEST_FIELDS = {"stop", "ignore_eos", "top_n_tokens", "prompt_logprobs", "best_of"}
@@ -43,7 +44,7 @@ class LLM:
         loaded = load_model(model_id, revision=revision, dtype=dtype, mesh=mesh)
         self.tokenizer = load_tokenizer(loaded.files, tokenizer_config_path=tokenizer_config_path)
         self.engine = create_engine(
-            loaded, self.tokenizer, limits, options, model_id=model_id or "SmolLM2-135M-Instruct"
+            loaded, self.tokenizer, limits, options, model_id=model_id or DEFAULT_MODEL_ID
         )
 
     def _request(self, prompt: str | Sequence[int], kwargs: dict) -> GenerationRequest:

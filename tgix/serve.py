@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+from tgix.models.hub import DEFAULT_MODEL_ID as DEFAULT_MODEL_NAME
 
 
 def build_engine(settings):

@@ -15,8 +15,8 @@ from tgix.engine.engine import Engine, StepHook
 from tgix.engine.kv_cache import kv_bytes_per_token
 from tgix.engine.limits import (
     LimitRequest,
-    available_ram_bytes,
     bucket_batch_size,
+    cpu_kv_bytes,
     kv_budget_tokens,
     resolve_limits,
 )
@@ -70,7 +70,7 @@ def create_engine(
     kv_dtype = jnp.dtype(options.kv_dtype) if options.kv_dtype else _param_dtype(loaded)
     model_shards = loaded.mesh.shape.get("model", 1)
     per_token = kv_bytes_per_token(cfg, kv_dtype) // model_shards
-    free = available_ram_bytes() if on_cpu else free_device_bytes(loaded.mesh)
+    free = cpu_kv_bytes() if on_cpu else free_device_bytes(loaded.mesh)
     budget = kv_budget_tokens(free_bytes=free, kv_bytes_per_token=per_token, on_cpu=on_cpu)
     effective = resolve_limits(
         limits,

@@ -2,17 +2,20 @@
 
 `--max-batch-total-tokens` is the KV page budget. When unset it is sized from the memory left
 after the weights: on GPU/TPU from the device's `memory_stats()` (TGI's 0.90 wiggle room of
-what is free), on CPU from a fraction of available RAM (the KV cache shares it with everything
-else). The remaining limits follow TGI 3.x without chunking (tgi-interface.md §1.3-1.4).
+what is free), on CPU from a quarter of the RAM this process may use (the KV cache shares it
+with everything else). The remaining limits follow TGI 3.x without chunking
+(tgi-interface.md §1.3-1.4).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 from tgix.engine.request import EngineLimits
 
-CPU_RAM_FRACTION = 0.25  # of MemAvailable, for KV pages when --max-batch-total-tokens is unset
+CPU_RAM_FRACTION = 0.25  # of usable RAM, for KV pages when --max-batch-total-tokens is unset
 DEVICE_WIGGLE_ROOM = 0.90  # TGI's TGI_WIGGLE_ROOM on free accelerator memory
 CPU_MAX_BATCH_SIZE = 64  # bucket ceiling when --max-batch-size is unset (CPU)
 DEVICE_MAX_BATCH_SIZE = 256
@@ -34,25 +37,46 @@ class LimitRequest:
     chunked_prefill: bool = False
 
 
-def available_ram_bytes() -> int:
-    """MemAvailable from /proc/meminfo (fallback: free pages from sysconf)."""
+def _meminfo() -> dict[str, int]:
+    out = {}
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+                key, value = line.split(":", 1)
+                out[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError):
         pass
-    import os
+    return out
 
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+def _cgroup_limit() -> tuple[int, int] | None:
+    """(memory.max, memory.current) of this process's cgroup v2, when it has a limit."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        current = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else (int(limit), current)
+
+
+def cpu_kv_bytes() -> int:
+    """Bytes for KV pages on CPU: 25% of the memory this process may use (the machine's or
+    its container's limit), but at most 80% of what is free now. Based on the total rather
+    than on what happens to be free, so it is the same from one start to the next."""
+    info = _meminfo()
+    total = info.get("MemTotal") or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    free = info.get("MemAvailable", total)
+    if (cgroup := _cgroup_limit()) is not None:
+        limit, used = cgroup
+        total, free = min(total, limit), min(free, limit - used)
+    return int(min(CPU_RAM_FRACTION * total, 0.8 * free))
 
 
 def kv_budget_tokens(*, free_bytes: int, kv_bytes_per_token: int, on_cpu: bool) -> int:
     """Tokens of KV that fit, rounded down to a multiple of a quarter of its highest power of
     two: free memory drifts between starts, and an unchanged KV shape lets a restart reuse
     its compiled executables."""
-    fraction = CPU_RAM_FRACTION if on_cpu else DEVICE_WIGGLE_ROOM
+    fraction = 1.0 if on_cpu else DEVICE_WIGGLE_ROOM  # cpu_kv_bytes applied its own
     tokens = int(free_bytes * fraction) // kv_bytes_per_token
     if tokens < 8:
         return tokens
