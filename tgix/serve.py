@@ -20,6 +20,11 @@ def build_engine(settings):
     from tgix.models import load_model
     from tgix.tokenizer import load_tokenizer
 
+    if settings.rope_scaling is not None or settings.rope_factor is not None:
+        raise ArgumentError(
+            "Invalid argument: `--rope-scaling`/`--rope-factor` are not supported yet; "
+            "tgix applies the rope_scaling of the model's config.json"
+        )
     loaded = load_model(
         settings.model_id,
         revision=settings.revision,
@@ -44,6 +49,7 @@ def build_engine(settings):
         watermark_gamma=settings.watermark_gamma if settings.watermark_gamma is not None else 0.5,
         watermark_delta=settings.watermark_delta if settings.watermark_delta is not None else 2.0,
         progress=sys.stderr.isatty() or os.environ.get("TGIX_PROGRESS") == "1",
+        memory_fraction=settings.cuda_memory_fraction,
     )
     try:
         return create_engine(

@@ -43,15 +43,17 @@ class EngineOptions:
     warmup: bool = True  # run one request end to end before reporting healthy
     progress: bool = True
     stall_timeout_s: float = 120.0
+    memory_fraction: float = 1.0  # TGI's --cuda-memory-fraction: share of accelerator memory
 
 
-def free_device_bytes(mesh) -> int:
-    """Memory left on the fullest device of the mesh (accelerators only)."""
+def free_device_bytes(mesh, fraction: float = 1.0) -> int:
+    """Memory left on the fullest device of the mesh within `fraction` of its capacity
+    (accelerators only)."""
     free = []
     for device in mesh.devices.flat:
         stats = device.memory_stats() or {}
-        free.append(stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0))
-    return min(free)
+        free.append(fraction * stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0))
+    return int(max(0, min(free)))
 
 
 def create_engine(
@@ -70,7 +72,7 @@ def create_engine(
     kv_dtype = jnp.dtype(options.kv_dtype) if options.kv_dtype else _param_dtype(loaded)
     model_shards = loaded.mesh.shape.get("model", 1)
     per_token = kv_bytes_per_token(cfg, kv_dtype) // model_shards
-    free = cpu_kv_bytes() if on_cpu else free_device_bytes(loaded.mesh)
+    free = cpu_kv_bytes() if on_cpu else free_device_bytes(loaded.mesh, options.memory_fraction)
     budget = kv_budget_tokens(free_bytes=free, kv_bytes_per_token=per_token, on_cpu=on_cpu)
     effective = resolve_limits(
         limits,
