@@ -210,8 +210,10 @@ class Engine:
             self._fail_step(step, exc, speculated=False)
             self._step_started = None
             return None
-        if self._last_step_done is not None:  # device idle from the last results to here
-            self._host_gaps.append(max(0.0, self.runner.dispatched_at - self._last_step_done))
+        if token_ids is not None:  # sent before the previous step was read: no idle gap
+            self._host_gaps.append(0.0)
+        elif self._last_step_done is not None:  # device idle from the last results to here
+            self._host_gaps.append(self.runner.dispatched_at - self._last_step_done)
         return InFlight(step, tuple(rows), lives, handle, want_prefill, now)
 
     def _schedule_ahead(self, inflight: InFlight) -> InFlight | ScheduledStep | None:

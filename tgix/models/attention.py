@@ -99,18 +99,23 @@ def prefill_attention(
     t, n, h = q.shape
     k = k_new.shape[1]
     g = n // k
-    q_grouped = q.reshape(t, k, g, h).astype(jnp.float32)
-    scores = jnp.einsum("tkgh,skh->tkgs", q_grouped, k_new.astype(jnp.float32)) * h**-0.5
-    real = jnp.arange(t, dtype=jnp.int32) < md.cu_q_lens[-1]  # [T]; S == T here
+    # KV head leading, its G query heads' tokens stacked: two plain batched matmuls
+    # [K, G*T, H] x [K, S, H], which XLA:CPU runs ~2x faster than a batch axis in the middle.
+    q_stacked = q.astype(jnp.float32).reshape(t, k, g, h).transpose(1, 2, 0, 3)
+    q_stacked = q_stacked.reshape(k, g * t, h) * h**-0.5
+    k_heads = k_new.astype(jnp.float32).transpose(1, 0, 2)  # [K, S, H]; S == T here
+    v_heads = v_new.astype(jnp.float32).transpose(1, 0, 2)
+    scores = jnp.einsum("kqh,ksh->kqs", q_stacked, k_heads).reshape(k, g, t, t)
+    real = jnp.arange(t, dtype=jnp.int32) < md.cu_q_lens[-1]  # [S]
     same_row = md.token_rows[:, None] == md.token_rows[None, :]  # [T, S]
     q_pos, kv_pos = md.positions[:, None], md.positions[None, :]
     valid = same_row & (kv_pos <= q_pos) & real[None, :]
     if sliding_window is not None:
         valid &= kv_pos > q_pos - sliding_window
-    scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1)  # [T, K, G, S] float32
-    out = jnp.einsum("tkgs,skh->tkgh", probs, v_new.astype(jnp.float32))
-    return out.reshape(t, n, h).astype(q.dtype)
+    scores = jnp.where(valid[None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).reshape(k, g * t, t)  # float32
+    out = jnp.einsum("kqs,ksh->kqh", probs, v_heads).reshape(k, g, t, h)
+    return out.transpose(2, 0, 1, 3).reshape(t, n, h).astype(q.dtype)
 
 
 def paged_attention(
