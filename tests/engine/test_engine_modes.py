@@ -83,3 +83,41 @@ def test_every_eos_id_stops_and_prompt_logprobs_match_transformers(
         _pages_back(eng)
     finally:
         eng.shutdown()
+
+
+_RESTART = """
+import json, sys
+sys.path.insert(0, {root!r})
+from tests.engine.conftest import make_engine
+from tgix.engine.request import GenerationRequest
+eng = make_engine({path!r}, {cache!r})
+*_, c = eng.submit(GenerationRequest(prompt_ids=(5, 9, 12, 40), max_new_tokens=12))
+ex = eng.runner._executables
+print(json.dumps({{"ids": [t.id for t in c.tokens], "hits": ex.hits, "misses": ex.misses}}))
+eng.shutdown()
+"""
+
+
+def test_a_new_process_loads_saved_executables_and_gets_the_same_ids(tiny_checkpoints, tmp_path):
+    """The warm-restart path for real: a second process compiles nothing and still runs every
+    step it needs (an incompletely serialized executable fails only when run)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    code = _RESTART.format(root=root, path=str(tiny_checkpoints("llama")), cache=str(tmp_path))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["misses"] > 0 and cold["hits"] == 0
+    assert warm["misses"] == 0 and warm["hits"] == cold["misses"]
+    assert warm["ids"] == cold["ids"] and len(cold["ids"]) == 12

@@ -2,10 +2,11 @@
 
 JAX's persistent compilation cache skips XLA's compile, but every start still traces and
 lowers the 30-layer model once per bucket (~0.7 s each on CPU). Serialized executables skip
-that too: a warm start loads each in ~0.3 s. The key covers everything that shapes the
-program: tgix's own source (any edit invalidates), jax/jaxlib versions, the devices and mesh,
-and the caller's description of the step (model config, shapes, dtypes, shardings). A file
-that fails to load is recompiled and replaced.
+that too: a warm start loads each in ~0.3 s. Used on CPU instead of JAX's cache, never with
+it: an XLA:CPU executable loaded from JAX's cache serializes incompletely. The key covers
+everything that shapes the program: tgix's own source (any edit invalidates), jax/jaxlib
+versions, the devices and mesh, and the caller's description of the step (model config,
+shapes, dtypes, shardings). A file that fails to load is recompiled and replaced.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import jax
 import jaxlib
-from jax._src import config as jax_config  # the context-manager form of the flag
 from jax.experimental import serialize_executable
 
 logger = logging.getLogger(__name__)
@@ -78,12 +78,14 @@ class ExecutableCache:
                 return executable
             except Exception:  # stale or truncated: compile again
                 logger.warning("could not load %s; recompiling", path, exc_info=True)
-        # An executable that XLA:CPU itself loaded from JAX's persistent cache serializes without
-        # some of its functions ("... not found" when run after loading), so what we save is
-        # always compiled afresh.
-        with jax_config.enable_compilation_cache(False):
-            executable = compile_fn()
+        executable = compile_fn()
         self.misses += 1
+        if jax.config.jax_compilation_cache_dir:
+            # XLA:CPU executables that came out of JAX's persistent cache serialize without
+            # some of their functions ("... not found" when run after loading), and JAX
+            # decides once per process whether it uses that cache: never save then.
+            logger.warning("JAX's persistent compilation cache is on: not saving %s", path.name)
+            return executable
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             blob = pickle.dumps(serialize_executable.serialize(executable))

@@ -37,7 +37,8 @@ class EngineOptions:
     watermark_gamma: float = 0.5
     watermark_delta: float = 2.0
     kv_dtype: str | None = None  # None: the model's dtype
-    # JAX's persistent cache and tgix's serialized executables; None: $TGIX_CACHE/xla, "": off
+    # where compiled steps are kept (CPU: tgix's serialized executables; GPU/TPU: JAX's
+    # persistent compilation cache); None: $TGIX_CACHE/xla, "": off
     compilation_cache: str | None = None
     compile: bool = True  # compile every bucket before serving
     warmup: bool = True  # run one request end to end before reporting healthy
@@ -94,9 +95,11 @@ def create_engine(
     if options.compilation_cache != "":
         from tgix.tokenizer import cache_root
 
-        xla_cache = Path(options.compilation_cache or cache_root() / "xla")
-        enable_compilation_cache(xla_cache)
-        executable_cache = str(xla_cache / "tgix-executables")
+        root = Path(options.compilation_cache or cache_root() / "xla")
+        if on_cpu:  # serialized executables (see executable_cache.py for why not both)
+            executable_cache = str(root / "tgix-executables")
+        else:
+            enable_compilation_cache(root)
     num_pages = effective.max_batch_total_tokens // page_size + 1  # + the null page
     runner = Runner(
         loaded,

@@ -2,8 +2,9 @@
 
 At start-up `compile_all` lowers and compiles the model step for every StepShape of the
 configured Buckets, and the sampler for every (R, L), so serving never traces or compiles.
-JAX's persistent compilation cache makes a restart load executables instead of compiling. The
-KV pages are donated to each model step (updated in place, no copy). `run` dispatches a step
+A restart loads them instead (CPU: serialized executables, executable_cache.py; GPU/TPU: JAX's
+persistent compilation cache, which still traces but skips XLA's compile). The KV pages are
+donated to each model step (updated in place, no copy). `run` dispatches a step
 and returns device arrays at once; `fetch` reads them back, so the caller can do host work
 (detokenizing the previous step) while the device computes.
 """
