@@ -11,12 +11,27 @@ import sys
 from tgix.models.hub import DEFAULT_MODEL_ID as DEFAULT_MODEL_NAME
 
 
+def limit_request(settings):
+    """The launcher's token-limit flags as the engine's LimitRequest (None: derive)."""
+    from tgix.engine.limits import LimitRequest
+
+    return LimitRequest(
+        max_input_tokens=settings.max_input_tokens,
+        max_total_tokens=settings.max_total_tokens,
+        max_batch_prefill_tokens=settings.max_batch_prefill_tokens,
+        max_batch_total_tokens=settings.max_batch_total_tokens,
+        max_batch_size=settings.max_batch_size,
+        max_waiting_tokens=settings.max_waiting_tokens,
+        waiting_served_ratio=settings.waiting_served_ratio,
+        chunked_prefill=os.environ.get("TGIX_CHUNKED_PREFILL", "0") == "1",
+    )
+
+
 def build_engine(settings):
     """The launcher's engine factory: Settings -> a warmed-up Engine."""
     from server.metrics import record_step
     from server.settings import ArgumentError
     from tgix.engine.factory import EngineOptions, create_engine
-    from tgix.engine.limits import LimitRequest
     from tgix.models import load_model
     from tgix.tokenizer import load_tokenizer
 
@@ -33,16 +48,7 @@ def build_engine(settings):
         token=os.environ.get("HF_TOKEN"),
     )
     tokenizer = load_tokenizer(loaded.files, tokenizer_config_path=settings.tokenizer_config_path)
-    limits = LimitRequest(
-        max_input_tokens=settings.max_input_tokens,
-        max_total_tokens=settings.max_total_tokens,
-        max_batch_prefill_tokens=settings.max_batch_prefill_tokens,
-        max_batch_total_tokens=settings.max_batch_total_tokens,
-        max_batch_size=settings.max_batch_size,
-        max_waiting_tokens=settings.max_waiting_tokens,
-        waiting_served_ratio=settings.waiting_served_ratio,
-        chunked_prefill=os.environ.get("TGIX_CHUNKED_PREFILL", "0") == "1",
-    )
+    limits = limit_request(settings)
     options = EngineOptions(
         max_top_n_tokens=settings.max_top_n_tokens,
         prompt_logprobs=settings.enable_prefill_logprobs,

@@ -54,20 +54,12 @@ class SlowSteps:
 def _engine_for(settings, path, xla_cache, hook):
     """What `tgix.serve.build_engine` does, on a local checkpoint and a private XLA cache."""
     from tgix.engine.factory import EngineOptions, create_engine
-    from tgix.engine.limits import LimitRequest
     from tgix.models import load_model
+    from tgix.serve import limit_request
     from tgix.tokenizer import load_tokenizer
 
     loaded = load_model(str(path))
-    limits = LimitRequest(
-        max_input_tokens=settings.max_input_tokens,
-        max_total_tokens=settings.max_total_tokens,
-        max_batch_prefill_tokens=settings.max_batch_prefill_tokens,
-        max_batch_total_tokens=settings.max_batch_total_tokens,
-        max_batch_size=settings.max_batch_size,
-        max_waiting_tokens=settings.max_waiting_tokens,
-        waiting_served_ratio=settings.waiting_served_ratio,
-    )
+    limits = limit_request(settings)
     options = EngineOptions(
         compilation_cache=xla_cache, progress=False, max_top_n_tokens=settings.max_top_n_tokens
     )
