@@ -21,13 +21,13 @@ def xla_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("xla-cache"))
 
 
-def make_engine(path, xla_cache, *, extra_eos_ids=(), **overrides):
+def make_engine(path, xla_cache, *, extra_eos_ids=(), mesh=None, **overrides):
     from tgix.engine.factory import EngineOptions, create_engine
     from tgix.engine.limits import LimitRequest
     from tgix.models import load_model
     from tgix.tokenizer import load_tokenizer
 
-    loaded = load_model(str(path))
+    loaded = load_model(str(path), mesh=mesh)
     tokenizer = load_tokenizer(loaded.files, extra_eos_ids=extra_eos_ids)
     options = dict(compilation_cache=xla_cache, progress=False, max_top_n_tokens=3)
     options.update(

@@ -59,6 +59,23 @@ def test_chunked_prefill_gives_the_same_ids(tiny_checkpoints, xla_cache, driver_
         eng.shutdown()
 
 
+def test_tensor_parallel_mesh_gives_the_same_ids(tiny_checkpoints, xla_cache, driver_greedy):
+    """Weights and KV pages split over 2 devices on the "model" axis (KV heads sharded): the
+    same greedy ids as the single-device forward."""
+    from tgix.sharding import make_mesh
+
+    eng = make_engine(tiny_checkpoints("llama"), xla_cache, mesh=make_mesh(model=2))
+    try:
+        assert eng.runner.kv[0].k.sharding.spec[2] == "model"
+        prompts = [prompt(500 + i, 5 + 7 * i) for i in range(3)]
+        streams = [eng.submit(greedy(10, prompt_ids=p)) for p in prompts]
+        for p, s in zip(prompts, streams, strict=True):
+            assert ids(list(s)[-1]) == driver_greedy(p, 10)
+        _pages_back(eng)
+    finally:
+        eng.shutdown()
+
+
 @pytest.mark.reference
 def test_every_eos_id_stops_and_prompt_logprobs_match_transformers(
     tiny_checkpoints, xla_cache, driver_greedy
