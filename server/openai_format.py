@@ -15,6 +15,17 @@ from server.jsonio import f32
 from tgix.engine.request import Completion, TokenEvent, TokenInfo
 
 
+def _header(obj: str, *, model: str, created: int, fingerprint: str) -> dict[str, Any]:
+    """The keys every OpenAI object starts with, in OpenAI's order."""
+    return {
+        "object": obj,
+        "id": "",
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+    }
+
+
 def finish_reason(c: Completion) -> str:
     return "length" if c.finish_reason == "length" else "stop"
 
@@ -56,11 +67,7 @@ def chat_completion(
     c: Completion, *, model: str, created: int, fingerprint: str, with_logprobs: bool
 ) -> dict[str, Any]:
     return {
-        "object": "chat.completion",
-        "id": "",
-        "created": created,
-        "model": model,
-        "system_fingerprint": fingerprint,
+        **_header("chat.completion", model=model, created=created, fingerprint=fingerprint),
         "choices": [
             {
                 "index": 0,
@@ -84,11 +91,7 @@ def chat_chunk(
 ) -> dict[str, Any]:
     """One chat.completion.chunk; `ev` adds its logprobs, `reason` marks the last one."""
     return {
-        "object": "chat.completion.chunk",
-        "id": "",
-        "created": created,
-        "model": model,
-        "system_fingerprint": fingerprint,
+        **_header("chat.completion.chunk", model=model, created=created, fingerprint=fingerprint),
         "choices": [
             {
                 "index": 0,
@@ -105,11 +108,7 @@ def chat_chunk(
 
 def usage_chunk(c: Completion, *, model: str, created: int, fingerprint: str) -> dict[str, Any]:
     return {
-        "object": "chat.completion.chunk",
-        "id": "",
-        "created": created,
-        "model": model,
-        "system_fingerprint": fingerprint,
+        **_header("chat.completion.chunk", model=model, created=created, fingerprint=fingerprint),
         "choices": [],
         "usage": usage([c]),
     }
@@ -119,11 +118,7 @@ def text_completion(
     completions: list[Completion], *, model: str, created: int, fingerprint: str
 ) -> dict[str, Any]:
     return {
-        "object": "text_completion",
-        "id": "",
-        "created": created,
-        "model": model,
-        "system_fingerprint": fingerprint,
+        **_header("text_completion", model=model, created=created, fingerprint=fingerprint),
         "choices": [
             {
                 "index": i,
