@@ -12,9 +12,7 @@ from flax import nnx
 
 from tgix.engine.batch import RowInput, pack_step
 from tgix.engine.kv_cache import init_kv_pages
-from tgix.models.attention import AttentionMetadata
-
-_MD_FIELDS = ("positions", "slot_mapping", "token_rows", "cu_q_lens", "kv_lens", "page_table")
+from tgix.models.attention import METADATA_FIELDS, AttentionMetadata
 
 
 class PagedDriver:
@@ -60,7 +58,7 @@ class PagedDriver:
             num_rows=num_rows or len(rows),
             pages_per_row=self.pages_per_row,
         )
-        md = AttentionMetadata(**{k: jnp.asarray(arrays[k]) for k in _MD_FIELDS})
+        md = AttentionMetadata(**{k: jnp.asarray(arrays[k]) for k in METADATA_FIELDS})
         indices = None if all_logits else jnp.asarray(arrays["logits_indices"])
         fresh = all(row.start_pos == 0 for row in rows)  # page-free prefill attention
         logits, self.kv = self._step(

@@ -16,6 +16,14 @@ def _pages_back(eng):
     assert wait_idle(eng)["free_pages"] == eng.runner.config.num_pages - 1
 
 
+def _assert_driver_ids(eng, prompts, n, driver_greedy):
+    """Submitted together, each prompt gets the model forward's greedy ids; pages come back."""
+    streams = [eng.submit(greedy(n, prompt_ids=p)) for p in prompts]
+    for p, s in zip(prompts, streams, strict=True):
+        assert ids(list(s)[-1]) == driver_greedy(p, n)
+    _pages_back(eng)
+
+
 def test_page_pressure_preempts_and_every_request_finishes_exactly(
     tiny_checkpoints, xla_cache, driver_greedy
 ):
@@ -31,12 +39,8 @@ def test_page_pressure_preempts_and_every_request_finishes_exactly(
     )
     try:
         prompts = [prompt(200 + i, 20) for i in range(4)]
-        streams = [eng.submit(greedy(20, prompt_ids=p)) for p in prompts]
-        results = [list(s)[-1] for s in streams]
-        for p, c in zip(prompts, results, strict=True):
-            assert ids(c) == driver_greedy(p, 20)
+        _assert_driver_ids(eng, prompts, 20, driver_greedy)
         assert eng.scheduler.stats()["preemptions"] > 0
-        _pages_back(eng)
     finally:
         eng.shutdown()
 
@@ -51,10 +55,7 @@ def test_chunked_prefill_gives_the_same_ids(tiny_checkpoints, xla_cache, driver_
     )
     try:
         prompts = [prompt(300 + i, 40 - 9 * i) for i in range(3)]
-        streams = [eng.submit(greedy(10, prompt_ids=p)) for p in prompts]
-        for p, s in zip(prompts, streams, strict=True):
-            assert ids(list(s)[-1]) == driver_greedy(p, 10)
-        _pages_back(eng)
+        _assert_driver_ids(eng, prompts, 10, driver_greedy)
     finally:
         eng.shutdown()
 
@@ -68,10 +69,7 @@ def test_tensor_parallel_mesh_gives_the_same_ids(tiny_checkpoints, xla_cache, dr
     try:
         assert eng.runner.kv[0].k.sharding.spec[2] == "model"
         prompts = [prompt(500 + i, 5 + 7 * i) for i in range(3)]
-        streams = [eng.submit(greedy(10, prompt_ids=p)) for p in prompts]
-        for p, s in zip(prompts, streams, strict=True):
-            assert ids(list(s)[-1]) == driver_greedy(p, 10)
-        _pages_back(eng)
+        _assert_driver_ids(eng, prompts, 10, driver_greedy)
     finally:
         eng.shutdown()
 

@@ -6,6 +6,7 @@ import pytest
 
 from tgix.engine.batch import RowInput, pack_step
 from tgix.models.attention import (
+    METADATA_FIELDS,
     AttentionMetadata,
     paged_attention,
     prefill_attention,
@@ -14,7 +15,7 @@ from tgix.models.attention import (
 )
 
 N, K, H, PAGE = 6, 2, 8, 4
-FIELDS = ("positions", "slot_mapping", "token_rows", "cu_q_lens", "kv_lens", "page_table")
+FIELDS = METADATA_FIELDS
 
 
 def naive(q, keys, values, q_pos, window):

@@ -32,8 +32,8 @@ class LiveRequest:
         """What the sampler needs: every id for penalties, the last one for a watermark."""
         if self.params.uses_penalties:
             return self.seq.prompt_ids + self.seq.output_ids
-        if self.params.watermark:
-            return (self.seq.prompt_ids + self.seq.output_ids)[-1:]
+        if self.params.watermark:  # every decode step: no copy of the whole sequence
+            return (self.seq.output_ids or self.seq.prompt_ids)[-1:]
         return []
 
 

@@ -98,9 +98,3 @@ class RequestOutput:
             queue_time=queue_time,
             inference_time=inference_time,
         )
-
-    @property
-    def mean_logprob(self) -> float:
-        """best_of's ranking score."""
-        lps = [t.logprob for t in self.tokens if t.logprob is not None]
-        return sum(lps) / len(lps) if lps else float("-inf")

@@ -34,11 +34,9 @@ from tgix.engine.request import SamplingParams
 from tgix.engine.sampling import SamplingArrays, sample, token_logprobs
 from tgix.engine.sampling_host import pack_history, pack_sampling
 from tgix.models import LoadedModel
-from tgix.models.attention import AttentionMetadata
+from tgix.models.attention import METADATA_FIELDS, AttentionMetadata
 
 logger = logging.getLogger(__name__)
-
-_MD_FIELDS = ("positions", "slot_mapping", "token_rows", "cu_q_lens", "kv_lens", "page_table")
 
 
 def enable_compilation_cache(path: str | os.PathLike) -> None:
@@ -246,7 +244,7 @@ class Runner:
         histories = [s.history for s in sampling]
         host = (
             packed["token_ids"],
-            {k: packed[k] for k in _MD_FIELDS},
+            {k: packed[k] for k in METADATA_FIELDS},
             packed["logits_indices"],
             sampler_host,
             positions,

@@ -80,11 +80,3 @@ class RequestStream:
             else:
                 item = self._next_item(await self._async.get())
             yield self._deliver(item)
-
-    def pending_nowait(self) -> list[Item]:
-        """Items already delivered but not yet iterated (lets a reader see whether the
-        Completion came with the token it holds)."""
-        if self._async is not None:
-            while not self._async.empty():
-                self._pending.extend(self._async.get_nowait())
-        return list(self._pending)

@@ -39,6 +39,9 @@ class AttentionMetadata:
     page_table: jax.Array
 
 
+METADATA_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionMetadata))
+
+
 def write_kv(pages: jax.Array, new: jax.Array, slot_mapping: jax.Array) -> jax.Array:
     """Scatter new K or V [T, K, H] into pages [num_pages, page_size, K, H] at slot_mapping."""
     num_pages, page_size, k, h = pages.shape
