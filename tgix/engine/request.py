@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +62,8 @@ class GenerationRequest:
     top_n_tokens    alternatives reported per generated token
     prompt_logprobs TGI's decoder_input_details: logprob of every prompt token
     best_of         sample this many sequences sharing the prompt; return the best by mean logprob
+    grammar         a compiled grammar (tgix.grammar.TokenIndex): every generated token keeps
+                    the output a prefix of its language, EOS only where it is complete
     """
 
     prompt_ids: tuple[int, ...]
@@ -71,6 +74,7 @@ class GenerationRequest:
     top_n_tokens: int = 0
     prompt_logprobs: bool = False
     best_of: int = 1
+    grammar: Any = None  # tgix.grammar.TokenIndex (typed loosely: no import cycle)
     request_id: str | None = None  # None: the engine assigns one
 
 

@@ -1,0 +1,116 @@
+"""A small regex expression tree: what grammar sources (a user regex, a JSON Schema) compile to
+before the automaton is built.
+
+Leaves are regex text in interegular's syntax (`Regex`); inner nodes are sequence,
+alternation, bounded repetition, intersection (`Both`) and difference (`Minus`). The last two
+are why a tree exists at all: JSON Schema needs them for `pattern` next to `minLength` /
+`maxLength`, `allOf` of non-object schemas and additional property names that must differ
+from the declared ones; a regex string cannot express them. A tree without them flattens
+back to one regex string (`to_regex`), also the form used in error messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+_SPECIAL = set("\\.^$*+?{}[]()|/-")
+
+
+@dataclass(frozen=True, slots=True)
+class Regex:
+    """A regex in interegular's syntax (no anchors, no lookaround, no backreferences)."""
+
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Seq:
+    parts: tuple[Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Alt:
+    options: tuple[Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """`node{lo,hi}`; hi None is unbounded."""
+
+    node: Node
+    lo: int
+    hi: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Both:
+    """Strings matched by every part (language intersection)."""
+
+    parts: tuple[Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Minus:
+    """Strings matched by `keep` and not by `drop` (language difference), e.g. additional
+    property names that must differ from the declared ones."""
+
+    keep: Node
+    drop: Node
+
+
+Node = Union[Regex, Seq, Alt, Repeat, Both, Minus]
+
+
+def escape(text: str) -> str:
+    """Regex source matching `text` literally (interegular's escapes: control characters as
+    `\\xNN`, anything else outside ASCII as itself)."""
+    out = []
+    for ch in text:
+        if ch in _SPECIAL:
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def literal(text: str) -> Regex:
+    return Regex(escape(text))
+
+
+def seq(*parts: Node) -> Node:
+    flat: list[Node] = []
+    for p in parts:
+        flat.extend(p.parts if isinstance(p, Seq) else (p,))
+    flat = [p for p in flat if p != Regex("")]
+    if len(flat) == 1:
+        return flat[0]
+    return Seq(tuple(flat))
+
+
+def alt(*options: Node) -> Node:
+    unique = list(dict.fromkeys(options))
+    if len(unique) == 1:
+        return unique[0]
+    return Alt(tuple(unique))
+
+
+def to_regex(node: Node) -> str | None:
+    """The tree as one regex string, or None when it holds an intersection or difference."""
+    if isinstance(node, Regex):
+        return node.source
+    if isinstance(node, Seq):
+        parts = [to_regex(p) for p in node.parts]
+        return None if None in parts else "".join(f"(?:{p})" for p in parts)
+    if isinstance(node, Alt):
+        options = [to_regex(p) for p in node.options]
+        return None if None in options else "(?:" + "|".join(options) + ")"
+    if isinstance(node, Repeat):
+        inner = to_regex(node.node)
+        if inner is None:
+            return None
+        hi = "" if node.hi is None else str(node.hi)
+        return f"(?:{inner}){{{node.lo},{hi}}}"
+    return None
