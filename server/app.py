@@ -2,8 +2,9 @@
 
 The engine object is injected (no jax here): it provides `tokenizer`, `limits`, `model_id`,
 `submit()`, `cancel()`, `healthy()`, `stats()` and `shutdown()`. Optional attributes used
-when present: `pipeline_tag` and `model_sha` (for /info and `/`'s return_full_text default)
-and `compute_type` (the x-compute-type header; env COMPUTE_TYPE wins).
+when present: `pipeline_tag` and `model_sha` (for /info and `/`'s return_full_text default),
+`compute_type` (the x-compute-type header; env COMPUTE_TYPE wins) and `grammar_compiler`
+(a tgix.grammar.GrammarCompiler; absent or None: every grammar is refused).
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def build_app(
         engine=engine,
         settings=settings,
         limits=limits,
-        validator=Validator(engine.tokenizer, limits, settings),
+        validator=Validator(
+            engine.tokenizer, limits, settings, getattr(engine, "grammar_compiler", None)
+        ),
         permits=Permits(settings.max_concurrent_requests),
         drain=drain,
         metrics=RequestMetrics(limits, registry),

@@ -5,19 +5,22 @@ The template comes only from the tokenizer (the model or --tokenizer-config-path
 from the request, and is rendered by transformers' sandboxed Jinja in the validation pool.
 Deliberate differences from TGI, for OpenAI-SDK code: `top_p: 1` means "off" instead of a
 422; `presence_penalty` is OpenAI's presence penalty, not `repetition_penalty = p + 2`;
-`stop` may be a bare string. Grammar-constrained output (tools, response_format) is refused
-with TGI's --disable-grammar-support error until the grammar engine lands.
+`stop` may be a bare string. `response_format` and `tools` become a grammar on the request
+(server.grammar, server.tools); a tool request's answer is read back by server.tool_calls.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from server import errors
+from server import errors, tools
 from server.fields import Fields, check, deserialize_error
-from server.schemas import GenerateParams, parse_grammar
+from server.grammar import parse_response_format
+from server.schemas import GenerateParams
+from server.tools import DEFAULT_TOOL_PROMPT, Tool
 
 
 @dataclass(slots=True, kw_only=True)
@@ -28,9 +31,17 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | tuple[str, str] = "auto"
+    tool_prompt: str = DEFAULT_TOOL_PROMPT
+    response_format: dict[str, Any] | None = None  # normal form (server.grammar)
+    call_ids: list[str] = field(default_factory=list)  # ids of earlier assistant tool calls
+    last_is_call: bool = False  # the last message is a tool call (nothing is appended to it)
+
+    def without_tools(self) -> ChatRequest:
+        """The same request with no tools and no response format (TGI's no_tool re-run)."""
+        params = dataclasses.replace(self.params, grammar=None, stop=list(self.params.stop))
+        return dataclasses.replace(self, tools=None, response_format=None, params=params)
 
 
 def _content(f: Fields) -> str:
@@ -63,12 +74,24 @@ def _content(f: Fields) -> str:
     return check(content, "str", f"{f.path}.content")
 
 
-def _messages(value: Any) -> list[dict[str, Any]]:
+def _call_ids(f: Fields) -> list[str]:
+    """Ids of an assistant message's tool calls (when they are its body: content is null)."""
+    calls = f.value.get("tool_calls")
+    if f.value.get("content") is not None or f.value.get("role") != "assistant":
+        return []
+    if not isinstance(calls, list):
+        return []
+    return [str(c["id"]) for c in calls if isinstance(c, dict) and c.get("id") is not None]
+
+
+def _messages(value: Any, chat: ChatRequest) -> list[dict[str, Any]]:
     items = check(value, "list", "messages")
     messages = []
     for i, item in enumerate(items):
         f = Fields(item, "Message", f"messages[{i}]")
         messages.append({"role": f.required("role", "str"), "content": _content(f)})
+        chat.call_ids.extend(_call_ids(f))
+        chat.last_is_call = f.value.get("content") is None
     return messages
 
 
@@ -107,53 +130,51 @@ def parse_chat(value: Any) -> ChatRequest:
     params = sampling_params(f, max_tokens=max_tokens)
     params.top_n_tokens = f.optional("top_logprobs", "u32")
     options = f.nested("stream_options", "StreamOptions")
-    tools = f.optional("tools", "list")
-    return ChatRequest(
+    chat = ChatRequest(
         model=f.optional("model", "str"),
-        messages=_messages(f.value["messages"]),
+        messages=[],
         params=params,
         stream=f.flag("stream"),
         include_usage=options.flag("include_usage") if options else False,
         logprobs=bool(f.optional("logprobs", "bool", False)),
-        tools=tools,
-        tool_choice=f.value.get("tool_choice"),
-        response_format=parse_grammar(f, "response_format"),
+        tools=tools.parse_tools(f.value.get("tools")),
+        tool_choice=tools.parse_tool_choice(f.value.get("tool_choice")),
+        tool_prompt=f.optional("tool_prompt", "str") or DEFAULT_TOOL_PROMPT,
+        response_format=parse_response_format(f, "response_format"),
     )
+    chat.messages = _messages(f.value["messages"], chat)
+    return chat
 
 
-def _tool_names(tools: list[Any]) -> list[str]:
-    names = []
-    for i, tool in enumerate(tools):
-        function = Fields(tool, "Tool", f"tools[{i}]").nested("function", "FunctionDefinition")
-        if function is None:
-            raise deserialize_error(f"tools[{i}]", "missing field `function`")
-        names.append(function.required("name", "str"))
-    return names
-
-
-def apply_tools(chat: ChatRequest) -> list[dict[str, Any]] | None:
-    """TGI's tool rules (§8.3) up to the grammar; returns the tools to show the template.
-    A request that needs a grammar gets one, which validation refuses for now."""
-    choice = chat.tool_choice
-    if isinstance(choice, dict):
-        choice = ((choice.get("function") or {}).get("name")) or "auto"
+def apply_tools(chat: ChatRequest) -> list[Tool] | None:
+    """TGI's rules (§8.3): sets the request's grammar from `response_format` or the tools and
+    returns the tools offered to the model (None: a plain answer, no tool call to read)."""
     if chat.tools is not None and chat.response_format is not None:
         raise errors.tool("Grammar and tools are mutually exclusive")
     if chat.response_format is not None:
         chat.params.grammar = chat.response_format
         return None
-    if not chat.tools or choice == "none":
-        return None
-    names = _tool_names(chat.tools)
-    if choice not in (None, "auto", "required") and choice not in names:
-        raise errors.tool(f"Tool with name {choice} not found")
-    chat.params.grammar = {"type": "json", "value": {"tools": names}}
-    return chat.tools
+    offered = tools.offered(chat.tools, chat.tool_choice)
+    chat.params.grammar = None if offered is None else tools.grammar(offered)
+    return offered
 
 
-def render(tokenizer, messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
-    """The prompt text from the model's template (runs in the validation pool). A final
-    assistant message is continued rather than closed (TGI's "continue final message")."""
+def _with_tools(tokenizer, chat: ChatRequest, offered: list[Tool]) -> list[dict[str, Any]]:
+    """The messages with TGI's tool text appended to the last one (unless it is a call)."""
+    if chat.last_is_call or not chat.messages:
+        return chat.messages
+    uses = tools.template_uses_tools(getattr(tokenizer, "chat_template", None))
+    suffix = tools.prompt_suffix(offered, chat.tool_prompt, uses)
+    last = chat.messages[-1]
+    return [*chat.messages[:-1], {**last, "content": last["content"] + suffix}]
+
+
+def render(tokenizer, chat: ChatRequest, offered: list[Tool] | None) -> str:
+    """The prompt text from the model's template (runs in the validation pool), with the
+    offered tools. A final assistant message is continued rather than closed (TGI's
+    "continue final message")."""
+    messages = chat.messages if offered is None else _with_tools(tokenizer, chat, offered)
+    tools = None if offered is None else [t.openai() for t in offered]
     continue_final = bool(messages) and messages[-1]["role"] == "assistant"
     try:
         if continue_final:

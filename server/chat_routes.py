@@ -2,63 +2,61 @@
 
 Request-shape problems found before generation (body, template, tools) are normal HTTP
 422s; overload is a 429 before any SSE byte; problems found by validation or generation
-arrive inside the 200 stream as `{"error": {"message", "http_status_code": 422}}` followed
-by `data: [DONE]` (§2.6). `model` is echoed unless absent or "tgi".
+(grammar compilation included) arrive inside the 200 stream as `{"error": {"message",
+"http_status_code": 422}}` followed by `data: [DONE]` (§2.6). `model` is echoed unless absent
+or "tgi". A tool request's answer comes back as `tool_calls` (server.tool_calls); when the
+model picks `no_tool` the request runs again without tools and the plain answer is returned.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from server import errors, openai_format
 from server.chat import ChatRequest, apply_tools, parse_chat, render
+from server.chat_stream import chat_frames
 from server.engine_io import ClientGone
 from server.errors import ApiError, PlainError
 from server.generate_routes import json_response
-from server.generation import acquire, events, run_once, sse, timing_headers
+from server.generation import Outcome, acquire, run_once, sse, timing_headers
 from server.jsonio import read_json
 from server.sse import DONE, event
 from server.state import ServerState, of
 from server.tokenize import simple_tokens
+from server.tool_calls import parse_call
+from server.tools import NO_TOOL_NAME, Tool, next_call_id
 
 
-async def _prompt(st: ServerState, chat: ChatRequest) -> str:
-    tools = apply_tools(chat)
-    return await st.validator.run(render, chat.messages, tools)
-
-
-async def _chat_frames(
-    st: ServerState, chat: ChatRequest, prompt: str, model: str, created: int
-) -> AsyncIterator[bytes]:
-    shape = {"model": model, "created": created, "fingerprint": st.fingerprint}
-    hold = openai_format.StopHoldback(chat.params.stop)
-    try:
-        async with aclosing(events(st, prompt, chat.params, add_special_tokens=False)) as stream:
-            async for ev, final in stream:
-                piece = "" if ev is None or ev.token.special else ev.token.text
-                text = hold.push(piece)
-                if final is None:
-                    logprob_ev = ev if chat.logprobs else None
-                    yield event(openai_format.chat_chunk(text, ev=logprob_ev, **shape))
-                    continue
-                text += hold.finish(final)
-                reason = openai_format.finish_reason(final)
-                logprob_ev = ev if chat.logprobs else None
-                yield event(openai_format.chat_chunk(text, ev=logprob_ev, reason=reason, **shape))
-                if chat.include_usage:
-                    yield event(openai_format.usage_chunk(final, **shape))
-    except ApiError as exc:
-        yield event(exc.openai_body())
-    yield DONE
+async def _prompt(st: ServerState, chat: ChatRequest) -> tuple[str, list[Tool] | None]:
+    """The templated prompt and the tools offered (None: a plain answer)."""
+    offered = apply_tools(chat)
+    return await st.validator.run(render, chat, offered), offered
 
 
 def _openai_abort_frame() -> bytes:
     return event(errors.shutting_down().openai_body()) + DONE
+
+
+async def _answer(
+    request: Request, st: ServerState, chat: ChatRequest, prompt: str, offered
+) -> tuple[Outcome, str, list[dict] | None]:
+    """A non-streamed answer: (outcome, its prompt, tool_calls or None). A tool answer that is
+    not a call is a 422 tool_error; `no_tool` runs the request again without tools."""
+    outcome = await run_once(request.receive, st, prompt, chat.params, add_special_tokens=False)
+    if offered is None:
+        return outcome, prompt, None
+    name, arguments = parse_call(outcome.completion.generated_text)
+    if name != NO_TOOL_NAME:
+        call = openai_format.tool_call(next_call_id(chat.call_ids), name, arguments)
+        return outcome, prompt, [call]
+    plain = chat.without_tools()
+    st.metrics.count.inc()  # a second generation, as TGI counts it
+    prompt = await st.validator.run(render, plain, None)
+    outcome = await run_once(request.receive, st, prompt, plain.params, add_special_tokens=False)
+    return outcome, prompt, None
 
 
 async def chat_value(request: Request, st: ServerState, value) -> Response:
@@ -68,7 +66,7 @@ async def chat_value(request: Request, st: ServerState, value) -> Response:
         return exc.response()
     st.metrics.count.inc()  # TGI counts a chat request here and again for its generation
     try:
-        prompt = await _prompt(st, chat)
+        prompt, offered = await _prompt(st, chat)
     except ApiError as exc:
         st.metrics.failed(exc.metric_label)
         return exc.response()
@@ -80,10 +78,11 @@ async def chat_value(request: Request, st: ServerState, value) -> Response:
     except ApiError as exc:
         return exc.response()
     if chat.stream:
-        frames = _chat_frames(st, chat, prompt, model, created)
+        shape = {"model": model, "created": created, "fingerprint": st.fingerprint}
+        frames = chat_frames(st, chat, prompt, offered, shape)
         return sse(st, frames, chars=len(prompt), permit=permit, abort_frame=_openai_abort_frame())
     try:
-        outcome = await run_once(request.receive, st, prompt, chat.params, add_special_tokens=False)
+        outcome, prompt, tool_calls = await _answer(request, st, chat, prompt, offered)
     except ApiError as exc:
         return exc.response()
     except ClientGone:
@@ -96,6 +95,7 @@ async def chat_value(request: Request, st: ServerState, value) -> Response:
         created=created,
         fingerprint=st.fingerprint,
         with_logprobs=chat.logprobs,
+        tool_calls=tool_calls,
     )
     return json_response(body, timing_headers(st, len(prompt), [outcome]))
 
@@ -118,7 +118,7 @@ async def chat_tokenize(request: Request) -> Response:
         return exc.response()
     st.metrics.count.inc()
     try:
-        prompt = await _prompt(st, chat)
+        prompt, _ = await _prompt(st, chat)
     except ApiError as exc:
         st.metrics.failed(exc.metric_label)
         return exc.response()

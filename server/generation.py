@@ -9,7 +9,8 @@ records TGI's request metrics exactly once.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from server import errors
@@ -27,6 +28,18 @@ class Outcome:
     completion: Completion
     request: GenerationRequest
     clock: Clock
+
+
+class Superseded(Exception):
+    """Thrown into `events()` (with `supersede()`) by a caller that replaces its generation,
+    as a tool stream that chose `no_tool` does: the engine request is cancelled and, unlike a
+    vanished client, no failure is counted."""
+
+
+async def supersede(gen: AsyncGenerator) -> None:
+    """End an `events()` generator early on purpose (see Superseded)."""
+    with contextlib.suppress(StopAsyncIteration, Superseded):
+        await gen.athrow(Superseded())
 
 
 def acquire(st: ServerState, n: int = 1) -> Permit:
@@ -105,6 +118,10 @@ async def events(
         finished = True
         st.metrics.failed(exc.metric_label)
         raise
+    except Superseded:
+        finished = True
+        if stream is not None:
+            stream.cancel()
     finally:
         if stream is not None and not finished:
             stream.cancel()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.jsonio import f32
+from server.tools import compact
 from tgix.engine.request import Completion, TokenEvent, TokenInfo
 
 
@@ -63,15 +64,42 @@ def logprobs(c: Completion) -> dict[str, Any]:
     return {"content": [_logprob(t, top) for t, top in zip(c.tokens, tops, strict=False)]}
 
 
+def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One entry of a message's `tool_calls` as TGI writes it (`arguments` a JSON string)."""
+    function = {"description": None, "name": name, "arguments": compact(arguments)}
+    return {"id": call_id, "type": "function", "function": function}
+
+
+def tool_delta(call_id: str, name: str | None, arguments: str) -> dict[str, Any]:
+    """A streamed chunk's delta for a piece of a tool call (§8.4)."""
+    call = {"index": 0, "id": call_id, "type": "function"}
+    return {
+        "role": "assistant",
+        "tool_calls": [{**call, "function": {"name": name, "arguments": arguments}}],
+    }
+
+
 def chat_completion(
-    c: Completion, *, model: str, created: int, fingerprint: str, with_logprobs: bool
+    c: Completion,
+    *,
+    model: str,
+    created: int,
+    fingerprint: str,
+    with_logprobs: bool,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """A chat.completion; with `tool_calls` the message has them and no `content` key."""
+    message: dict[str, Any] = {"role": "assistant"}
+    if tool_calls is None:
+        message["content"] = visible_text(c)
+    else:
+        message["tool_calls"] = tool_calls
     return {
         **_header("chat.completion", model=model, created=created, fingerprint=fingerprint),
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": visible_text(c)},
+                "message": message,
                 "logprobs": logprobs(c) if with_logprobs else None,
                 "finish_reason": finish_reason(c),
             }
@@ -81,7 +109,7 @@ def chat_completion(
 
 
 def chat_chunk(
-    text: str,
+    delta: str | dict[str, Any],
     *,
     model: str,
     created: int,
@@ -89,13 +117,16 @@ def chat_chunk(
     ev: TokenEvent | None = None,
     reason: str | None = None,
 ) -> dict[str, Any]:
-    """One chat.completion.chunk; `ev` adds its logprobs, `reason` marks the last one."""
+    """One chat.completion.chunk: `delta` is the content text or a ready delta (tool_delta);
+    `ev` adds its logprobs, `reason` marks the last one."""
+    if isinstance(delta, str):
+        delta = {"role": "assistant", "content": delta}
     return {
         **_header("chat.completion.chunk", model=model, created=created, fingerprint=fingerprint),
         "choices": [
             {
                 "index": 0,
-                "delta": {"role": "assistant", "content": text},
+                "delta": delta,
                 "logprobs": None
                 if ev is None
                 else {"content": [_logprob(ev.token, ev.top_tokens)]},

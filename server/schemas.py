@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.fields import Fields, deserialize_error
-
-GRAMMAR_TYPES = ("json", "json_object", "json_schema", "regex")
+from server.fields import Fields
+from server.grammar import parse_grammar
 
 
 @dataclass(slots=True, kw_only=True)
@@ -38,7 +37,7 @@ class GenerateParams:
     decoder_input_details: bool = False
     seed: int | None = None
     top_n_tokens: int | None = None
-    grammar: dict[str, Any] | None = None
+    grammar: dict[str, Any] | None = None  # normal form (server.grammar)
     adapter_id: str | None = None
 
 
@@ -47,22 +46,6 @@ class GenerateBody:
     inputs: str
     params: GenerateParams
     stream: bool = False
-
-
-def parse_grammar(fields: Fields, name: str) -> dict[str, Any] | None:
-    """A `{"type": ..., "value": ...}` grammar object (§8.1), checked for shape only."""
-    grammar = fields.nested(name, "GrammarType")
-    if grammar is None:
-        return None
-    kind = grammar.required("type", "str")
-    if kind not in GRAMMAR_TYPES:
-        variants = ", ".join(f"`{t}`" for t in GRAMMAR_TYPES)
-        raise deserialize_error(
-            grammar._path("type"), f"unknown variant `{kind}`, expected one of {variants}"
-        )
-    if not grammar.has("value"):
-        raise deserialize_error(grammar.path, "missing field `value`")
-    return {"type": kind, "value": grammar.value["value"]}
 
 
 def parse_parameters(value: Any, path: str = "parameters") -> GenerateParams:

@@ -1,5 +1,6 @@
 """TGI's request validation (§3): parameter rules in TGI's order, then tokenization, truncation
-and the token budget, producing the engine's GenerationRequest.
+and the token budget, then the grammar (compiled by the engine's GrammarCompiler), producing
+the engine's GenerationRequest.
 
 Tokenization runs in a pool of `--validation-workers` threads so a 2 MB prompt never blocks
 the event loop (health checks and streams keep flowing). Every failure is an ApiError 422
@@ -14,6 +15,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from server import errors
+from server.grammar import compile_grammar
 from server.schemas import GenerateParams
 from server.settings import Settings
 from tgix.engine.request import EngineLimits, GenerationRequest, SamplingParams
@@ -34,10 +36,11 @@ class Validator:
     Each pool thread works on its own copy of the tokenizer, as each TGI validation worker
     owns one: a fast tokenizer shared between threads can fail with "Already borrowed"."""
 
-    def __init__(self, tokenizer, limits: EngineLimits, settings: Settings):
+    def __init__(self, tokenizer, limits: EngineLimits, settings: Settings, compiler=None):
         self.shared_tokenizer = tokenizer
         self.limits = limits
         self.settings = settings
+        self.compiler = compiler  # tgix.grammar.GrammarCompiler; None: grammars unsupported
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(
             max_workers=settings.validation_workers, thread_name_prefix="tgix-validation"
@@ -176,9 +179,10 @@ class Validator:
             raise errors.validation(
                 f"`inputs` must have less than {max_input} tokens. Given: {input_length}"
             )
+        grammar = None
         if p.grammar is not None:
-            # The grammar engine is not wired yet; TGI's --disable-grammar-support message.
-            raise errors.validation("grammar is not supported")
+            disabled = self.settings.disable_grammar_support
+            grammar = await compile_grammar(self.compiler, disabled, p.grammar)
         return GenerationRequest(
             prompt_ids=ids,
             max_new_tokens=max_new_tokens,
@@ -187,4 +191,5 @@ class Validator:
             top_n_tokens=p.top_n_tokens or 0,
             prompt_logprobs=p.decoder_input_details and self.settings.enable_prefill_logprobs,
             best_of=p.best_of or 1,
+            grammar=grammar,
         )

@@ -6,7 +6,11 @@ Generation: the engine echoes the prompt's characters (special tokens dropped), 
 `max_new_tokens` ends it with "length", a stop string in the decoded text with
 "stop_sequence". Every logprob is float32(-1.53); top tokens are the token and its id
 neighbours. Knobs: `token_delay` / `first_token_delay` (slow mode), `fail_after` (a
-GenerationError after n tokens), `incomplete` (end without a Completion), `healthy_flag`.
+GenerationError after n tokens), `incomplete` (end without a Completion), `healthy_flag`,
+`replies` (scripted answers, one per request in submission order: a string is one token per
+character, a list of strings one token per piece; EOS follows).
+Grammar: `grammar_compiler` is a FakeCompiler (tests/server/fake_grammar.py), so grammars are
+"compiled" but never enforced: the scripted reply is what the model says.
 Every submitted request, cancellation and shutdown is recorded for assertions.
 """
 
@@ -16,9 +20,10 @@ import asyncio
 import itertools
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from tests.server.fake_grammar import FakeCompiler
 from tgix.engine.request import (
     Completion,
     EngineLimits,
@@ -34,11 +39,26 @@ LOGPROB = struct.unpack("f", struct.pack("f", -1.53))[0]  # -1.5299999713897705
 _END = object()
 
 
+PIECE_BASE = 0x110000 + 10  # ids above every character's: multi-character scripted tokens
+_PIECES: dict[int, str] = {}
+_PIECE_IDS: dict[str, int] = {}
+
+
 def token_id(ch: str) -> int:
     return ord(ch) + 10
 
 
+def piece_id(piece: str) -> int:
+    """A token id whose text is `piece` (registered on first use)."""
+    if piece not in _PIECE_IDS:
+        _PIECE_IDS[piece] = PIECE_BASE + len(_PIECE_IDS)
+        _PIECES[_PIECE_IDS[piece]] = piece
+    return _PIECE_IDS[piece]
+
+
 def token_text(i: int) -> str:
+    if i >= PIECE_BASE:
+        return _PIECES[i]
     return SPECIAL.get(i) or (chr(i - 10) if i >= 10 else f"<unused{i}>")
 
 
@@ -58,6 +78,7 @@ class FakeTokenizer:
         self.hf = FakeHF()
         self.encode_calls: list[str] = []
         self.encode_threads: set[str] = set()
+        self.template_tools: list | None = None  # `tools` given to the last rendering
 
     def __deepcopy__(self, memo):
         """Stateless enough to share: the validator's per-thread copies are this object, so
@@ -78,6 +99,7 @@ class FakeTokenizer:
     ) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template")
+        self.template_tools = tools
         for m in messages:
             if "RAISE" in m["content"]:
                 raise RuntimeError("Conversation roles must alternate")  # like raise_exception()
@@ -94,6 +116,7 @@ class Knobs:
     fail_after: int | None = None
     incomplete: bool = False
     late_completion: bool = False  # break the delivery contract (Completion a loop turn later)
+    replies: list[str | list[str]] = field(default_factory=list)
 
 
 class FakeStream:
@@ -144,6 +167,7 @@ class FakeEngine:
         )
         self.model_id = "fake/echo"
         self.pipeline_tag: str | None = "text-generation"
+        self.grammar_compiler: FakeCompiler | None = FakeCompiler()
         self.knobs = Knobs()
         self.healthy_flag = True
         self.submitted: list[GenerationRequest] = []
@@ -192,6 +216,8 @@ class FakeEngine:
 
     def reset(self) -> None:
         self.knobs = Knobs()
+        if self.grammar_compiler is not None:
+            self.grammar_compiler.reset()
         self.healthy_flag = True
         self.submitted.clear()
         self.cancelled.clear()
@@ -200,6 +226,9 @@ class FakeEngine:
     # --- generation -----------------------------------------------------------------------
     def _plan(self, request: GenerationRequest) -> tuple[list[int], str, str | None]:
         source = [i for i in request.prompt_ids if i not in SPECIAL] or [token_id("?")]
+        if self.knobs.replies:
+            reply = self.knobs.replies.pop(0)
+            source = [piece_id(p) if len(p) > 1 else token_id(p) for p in reply]
         out: list[int] = []
         for i in itertools.cycle(source + ([] if request.ignore_eos else [EOS])):
             out.append(i)

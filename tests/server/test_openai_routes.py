@@ -168,21 +168,6 @@ def test_chat_request_shape_errors_are_http_422(http, stream):
     assert r.status_code == 422 and "logprobs: invalid type" in r.text
 
 
-def test_chat_grammar_refused_until_the_grammar_engine_lands(http):
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
-    r = http.post("/v1/chat/completions", json={"messages": USER, "tools": tools})
-    assert r.status_code == 422
-    assert r.json() == {
-        "error": "Input validation error: grammar is not supported",
-        "error_type": "validation",
-    }
-    r = http.post(
-        "/v1/chat/completions",
-        json={"messages": USER, "tools": tools, "tool_choice": "none", "max_tokens": 1},
-    )
-    assert r.status_code == 200
-
-
 def test_no_chat_template(make_client):
     from tests.server.fake_engine import FakeEngine
 

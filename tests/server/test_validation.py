@@ -32,7 +32,10 @@ RULES = [
         "`inputs` tokens + `max_new_tokens` must be <= 256. Given: 3 "
         "`inputs` tokens and 300 `max_new_tokens`",
     ),
-    ({"grammar": {"type": "regex", "value": "a+"}}, "grammar is not supported"),
+    (
+        {"grammar": {"type": "regex", "value": "BAD"}},
+        "cannot compile regex grammar: BAD is not allowed",
+    ),
 ]
 
 

@@ -1,0 +1,255 @@
+"""Chat tools over HTTP (§8.3, §8.4) on a fake engine with room for tool prompts: the request
+the engine gets (grammar, prompt with TGI's tool text), `tool_calls` answers byte for byte,
+streamed tool-call chunks with TGI's framing, `no_tool` re-runs, parse failures, call ids,
+and the real OpenAI SDK reading both."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server.app import build_app
+from server.metrics import StepRecorder
+from server.tools import DEFAULT_TOOL_PROMPT
+from tests.server.conftest import LiveServer, make_settings
+from tests.server.fake_engine import FakeEngine
+from tests.server.fake_grammar import FakeIndex
+from tgix.engine.request import EngineLimits
+from tgix.grammar import GrammarSpec
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+TOOLS_JSON = (
+    '[{"type":"function","function":{"description":"Get the weather","name":"get_weather",'
+    '"arguments":"{\\"type\\":\\"object\\",\\"properties\\":{\\"city\\":{\\"type\\":'
+    '\\"string\\"}}}"}}]'
+)
+USER = [{"role": "user", "content": "Weather in Paris?"}]
+CALL = '{"function": {"_name": "get_weather", "city": "Paris"}}'
+CALL_PIECES = ['{"', "function", '":', ' {"', "_name", '":', ' "', "get_weather", '",', ' "']
+CALL_PIECES += ["city", '":', ' "', "Paris", '"}}']
+NO_TOOL_PIECES = ['{"function": {"_name": "no', "_tool", '"}}']
+HEAD = '{"object":"chat.completion.chunk","id":"","created":%d,"model":"fake/echo",'
+HEAD += '"system_fingerprint":"0.1.0-native","choices":'
+
+
+@pytest.fixture(scope="module")
+def server():
+    limits = EngineLimits(
+        max_input_tokens=3000,
+        max_total_tokens=4000,
+        max_batch_prefill_tokens=4096,
+        max_batch_total_tokens=16384,
+        max_batch_size=None,
+        max_waiting_tokens=20,
+        waiting_served_ratio=0.3,
+        page_size=16,
+        chunked_prefill=True,
+    )
+    engine = FakeEngine(limits)
+    app = build_app(engine, make_settings(), steps=StepRecorder(), keep_alive_s=5)
+    live = LiveServer(app, engine)
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def tool(server):
+    server.engine.reset()
+    yield server
+    server.wait_idle()
+
+
+def _post(server, **body):
+    import httpx
+
+    payload = {"messages": USER, "tools": [WEATHER], "max_tokens": 200, **body}
+    return httpx.post(f"{server.url}/v1/chat/completions", json=payload, timeout=10)
+
+
+def _prompt(request) -> str:
+    return "".join(chr(i - 10) for i in request.prompt_ids)
+
+
+def test_the_engine_gets_the_tool_grammar_and_prompt(tool):
+    tool.engine.knobs.replies = [CALL]
+    r = _post(tool, tool_choice="required")
+    assert r.status_code == 200
+    (request,) = tool.engine.submitted
+    assert _prompt(request) == (
+        f"<|user|>Weather in Paris?\n---\n{TOOLS_JSON}\n{DEFAULT_TOOL_PROMPT}\n<|assistant|>"
+    )
+    schema = {
+        "$functions": {
+            "get_weather": {
+                "description": "Get the weather",
+                "additionalProperties": False,
+                "properties": {
+                    "_name": {"type": "string", "const": "get_weather"},
+                    "city": {"type": "string"},
+                },
+                "required": ["_name"],
+            }
+        },
+        "properties": {"function": {"anyOf": [{"$ref": "#/$functions/get_weather"}]}},
+        "required": ["function"],
+        "additionalProperties": False,
+    }
+    assert request.grammar == FakeIndex(GrammarSpec.json(schema))
+    assert tool.engine.tokenizer.template_tools == [
+        {"type": "function", "function": WEATHER["function"]}
+    ]
+
+
+def test_non_streamed_tool_call_golden_bytes(tool):
+    tool.engine.knobs.replies = [CALL]
+    r = _post(tool, tool_prompt="Call a tool.")
+    assert r.status_code == 200
+    (request,) = tool.engine.submitted
+    prompt_tokens, completion_tokens = len(request.prompt_ids), len(CALL) + 1  # + EOS
+    assert r.text == (
+        f'{{"object":"chat.completion","id":"","created":{r.json()["created"]},'
+        '"model":"fake/echo","system_fingerprint":"0.1.0-native","choices":[{"index":0,'
+        '"message":{"role":"assistant","tool_calls":[{"id":"0","type":"function","function":'
+        '{"description":null,"name":"get_weather","arguments":"{\\"city\\":\\"Paris\\"}"}}]},'
+        '"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":'
+        f'{prompt_tokens},"completion_tokens":{completion_tokens},"total_tokens":'
+        f"{prompt_tokens + completion_tokens}}}}}"
+    )
+    assert _prompt(request).endswith("\nCall a tool.\n<|assistant|>")
+    assert '"name":"no_tool"' in _prompt(request)  # auto offers no_tool
+
+
+def test_streamed_tool_call_golden_bytes(tool):
+    tool.engine.knobs.replies = [CALL_PIECES]
+    r = _post(tool, stream=True, stream_options={"include_usage": True})
+    assert r.status_code == 200 and r.headers["content-type"] == "text/event-stream"
+    created = json.loads(r.text.split("\n\n")[0][6:])["created"]
+    head = HEAD % created
+
+    def chunk(name, arguments):
+        name = "null" if name is None else f'"{name}"'
+        call = f'{{"index":0,"id":"0","type":"function","function":{{"name":{name},"arguments":'
+        delta = f'{{"role":"assistant","tool_calls":[{call}{json.dumps(arguments)}}}}}]}}'
+        choice = f'[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}]'
+        return f'data: {head}{choice},"usage":null}}\n\n'
+
+    (request,) = tool.engine.submitted
+    n = len(request.prompt_ids)
+    usage = f'"usage":{{"prompt_tokens":{n},"completion_tokens":16,"total_tokens":{n + 16}}}'
+    pieces = [' "', "city", '":', ' "', "Paris", '"}']  # the closing brace trimmed
+    assert r.text == (
+        chunk("get_weather", "{")
+        + "".join(chunk(None, p) for p in pieces)
+        + f"data: {head}[],{usage}}}\n\n"
+        + "data: [DONE]\n\n"
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_no_tool_runs_the_request_again_without_tools(tool, stream):
+    tool.engine.knobs.replies = [NO_TOOL_PIECES, "OK"]
+    r = _post(tool, stream=stream, tool_prompt="Call a tool.")
+    assert r.status_code == 200
+    first, second = tool.engine.submitted
+    assert first.grammar is not None and second.grammar is None
+    assert _prompt(second) == "<|user|>Weather in Paris?\n<|assistant|>"
+    if not stream:
+        choice = r.json()["choices"][0]
+        assert choice["message"] == {"role": "assistant", "content": "OK"}
+        assert choice["finish_reason"] == "stop"
+        assert r.json()["usage"]["completion_tokens"] == 3
+        return
+    events = [json.loads(f[6:]) for f in r.text.split("\n\n")[:-2]]
+    assert [e["choices"][0]["delta"] for e in events] == [
+        {"role": "assistant", "content": "O"},
+        {"role": "assistant", "content": "K"},
+        {"role": "assistant", "content": ""},
+    ]
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    assert r.text.endswith("\n\ndata: [DONE]\n\n")
+
+
+def test_an_answer_that_is_not_a_call_is_a_tool_error(tool):
+    tool.engine.knobs.replies = [CALL]
+    r = _post(tool, max_tokens=12)
+    assert (r.status_code, r.json()) == (
+        422,
+        {
+            "error": "Tool error: Failed to parse generated text: Expecting value at line 1 "
+            'column 13 "{\\"function\\":"',
+            "error_type": "tool_error",
+        },
+    )
+    tool.engine.knobs.replies = [CALL]
+    r = _post(tool, max_tokens=12, stream=True)  # streamed: nothing parses, nothing is sent
+    assert r.text == "data: [DONE]\n\n"
+
+
+def test_tool_call_ids_follow_the_conversation(tool):
+    earlier = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "4", "type": "function", "function": {"name": "f"}}],
+    }
+    messages = [*USER, earlier, {"role": "tool", "content": "sunny", "tool_call_id": "4"}, *USER]
+    tool.engine.knobs.replies = [CALL, CALL_PIECES]
+    r = _post(tool, messages=messages, tool_choice="get_weather")
+    assert r.json()["choices"][0]["message"]["tool_calls"][0]["id"] == "5"
+    r = _post(tool, messages=messages, tool_choice="get_weather", stream=True)
+    assert '"tool_calls":[{"index":0,"id":"5","type":"function"' in r.text
+
+
+def test_tool_choice_none_and_templates_that_render_tools(tool):
+    r = _post(tool, tool_choice="none", max_tokens=2)
+    (request,) = tool.engine.submitted
+    assert request.grammar is None and "---" not in _prompt(request)
+    assert r.json()["choices"][0]["message"]["content"] == "<|"
+    tool.engine.tokenizer.chat_template = "{% if tools %}{{ tools }}{% endif %}"
+    try:
+        tool.engine.knobs.replies = [CALL]
+        r = _post(tool, tool_prompt="Use them.")
+        assert _prompt(tool.engine.submitted[1]) == (
+            "<|user|>Weather in Paris?\n---\nUse them.\n<|assistant|>"
+        )
+        names = [t["function"]["name"] for t in tool.engine.tokenizer.template_tools]
+        assert names == ["get_weather", "no_tool"]
+    finally:
+        tool.engine.tokenizer.chat_template = "fake"
+
+
+def test_chat_tokenize_shows_the_tool_prompt(tool):
+    import httpx
+
+    body = {"messages": USER, "tools": [WEATHER], "tool_prompt": "T", "tool_choice": "required"}
+    r = httpx.post(f"{tool.url}/chat_tokenize", json=body, timeout=10)
+    assert r.json()["templated_text"] == (
+        f"<|user|>Weather in Paris?\n---\n{TOOLS_JSON}\nT\n<|assistant|>"
+    )
+
+
+def test_openai_sdk_reads_tool_calls(tool):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{tool.url}/v1", api_key="-")
+    tool.engine.knobs.replies = [CALL, CALL_PIECES]
+    reply = client.chat.completions.create(model="tgi", messages=USER, tools=[WEATHER])
+    (call,) = reply.choices[0].message.tool_calls
+    assert (call.id, call.function.name, json.loads(call.function.arguments)) == (
+        "0",
+        "get_weather",
+        {"city": "Paris"},
+    )
+    chunks = list(
+        client.chat.completions.create(model="tgi", messages=USER, tools=[WEATHER], stream=True)
+    )
+    deltas = [c.choices[0].delta.tool_calls[0] for c in chunks]
+    assert deltas[0].function.name == "get_weather"
+    assert json.loads("".join(d.function.arguments for d in deltas)) == {"city": "Paris"}
