@@ -75,7 +75,8 @@ _CHAT = _obj(
     top_logprobs=_nullable("integer"),
     tools=_nullable("array"),
     tool_choice={},
-    response_format={"oneOf": [_ref("GrammarType"), {"type": "null"}]},
+    tool_prompt=_nullable("string"),
+    response_format={"oneOf": [_ref("GrammarType"), _ref("ResponseFormat"), {"type": "null"}]},
 )
 _COMPLETION = _obj(
     ["prompt"],
@@ -101,6 +102,11 @@ _SCHEMAS: dict[str, Any] = {
         ["type", "value"],
         type={"type": "string", "enum": ["json", "json_object", "json_schema", "regex"]},
         value={},
+    ),
+    "ResponseFormat": _obj(
+        ["type"],
+        type={"type": "string", "enum": ["json_object", "json_schema", "text"]},
+        json_schema=_obj(["schema"], name=_STR, schema={}, strict=_BOOL),
     ),
     "Details": _DETAILS,
     "GenerateResponse": _obj(["generated_text"], generated_text=_STR, details=_ref("Details")),
