@@ -253,3 +253,30 @@ def test_openai_sdk_reads_tool_calls(tool):
     deltas = [c.choices[0].delta.tool_calls[0] for c in chunks]
     assert deltas[0].function.name == "get_weather"
     assert json.loads("".join(d.function.arguments for d in deltas)) == {"city": "Paris"}
+
+
+def test_huggingface_hub_response_formats_and_tool_calls(tool):
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(base_url=tool.url, timeout=10)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    for response_format in (
+        {"type": "json", "value": schema},  # TGI's own shape
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},  # OpenAI's
+    ):
+        out = client.chat_completion(USER, max_tokens=3, response_format=response_format)
+        assert out.choices[0].message.content == "<|u"
+        assert tool.engine.submitted[-1].grammar == FakeIndex(GrammarSpec.json(schema))
+    tool.engine.knobs.replies = [CALL, CALL_PIECES]
+    out = client.chat_completion(USER, max_tokens=100, tools=[WEATHER], tool_choice="auto")
+    (call,) = out.choices[0].message.tool_calls
+    assert (call.id, call.function.name, call.function.arguments) == (
+        "0",
+        "get_weather",
+        '{"city":"Paris"}',
+    )
+    chunks = list(client.chat_completion(USER, max_tokens=100, tools=[WEATHER], stream=True))
+    assert chunks[0].choices[0].delta.tool_calls[0].function.name == "get_weather"
+    assert "".join(c.choices[0].delta.tool_calls[0].function.arguments for c in chunks) == (
+        '{ "city": "Paris"}'
+    )
