@@ -4,10 +4,10 @@ and the id of the call it produces.
 
 `tool_choice` picks the offered set: a named function (422 `tool_error` if absent),
 `required` (every tool), `auto` / absent (every tool plus TGI's synthetic `no_tool`), `none`
-(no tools at all). Two small departures from TGI, both invisible in its outputs: a function
-without `parameters` takes no arguments (TGI: 422 "missing field"), and the grammar requires
-the outer `function` key and nothing else (TGI's schema lets the model emit `{}`, which then
-fails to parse).
+(no tools at all). Departures from TGI where TGI fails: a function without `parameters` takes
+no arguments (TGI: 422 "missing field"); the grammar requires the outer `function` key and
+nothing else (TGI's lets the model emit `{}`, which then fails to parse); a tool's `$defs`
+are kept (renamed per tool), so nested models resolve.
 """
 
 from __future__ import annotations
@@ -116,8 +116,37 @@ def offered(tools: list[Tool] | None, choice: str | tuple[str, str]) -> list[Too
     raise errors.tool(f"Tool with name {name} not found")
 
 
+_DEF_REF = re.compile(r"#/(\$defs|definitions)/(.+)")
+
+
+def _relocate(value: Any, prefix: str) -> Any:
+    """`value` with its local `#/$defs/X` (or `#/definitions/X`) refs made `#/$defs/<prefix>X`."""
+    if isinstance(value, list):
+        return [_relocate(v, prefix) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _relocate(v, prefix) for k, v in value.items()}
+    match = _DEF_REF.fullmatch(out["$ref"]) if isinstance(out.get("$ref"), str) else None
+    if match:
+        out["$ref"] = f"#/$defs/{prefix}{match.group(2)}"
+    return out
+
+
+def _hoisted_defs(tools: list[Tool]) -> dict[str, Any]:
+    """Every tool's `$defs` / `definitions`, renamed `<tool>.<name>` and moved to the root,
+    where the relocated refs of `_function_schema` find them (TGI drops them, so a tool with
+    nested models, as pydantic writes them, cannot compile there)."""
+    defs: dict[str, Any] = {}
+    for tool in tools:
+        if isinstance(tool.parameters, dict):
+            for key in ("$defs", "definitions"):
+                for name, schema in (tool.parameters.get(key) or {}).items():
+                    defs[f"{tool.name}.{name}"] = _relocate(schema, f"{tool.name}.")
+    return defs
+
+
 def _function_schema(tool: Tool) -> dict[str, Any]:
-    args = tool.parameters
+    args = _relocate(tool.parameters, f"{tool.name}.")
     schema: dict[str, Any] = {"description": tool.description or ""}
     properties: dict[str, Any] = {"_name": {"type": "string", "const": tool.name}}
     required: list[Any] = ["_name"]
@@ -143,6 +172,9 @@ def grammar(tools: list[Tool]) -> dict[str, Any]:
         "required": ["function"],
         "additionalProperties": False,
     }
+    defs = _hoisted_defs(tools)
+    if defs:
+        schema["$defs"] = defs
     return {"type": "json", "value": schema}
 
 

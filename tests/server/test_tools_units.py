@@ -187,3 +187,20 @@ def test_tool_stream_no_tool_and_special_tokens():
     stream = ToolStream()
     _push_all(stream, ['{"function":{"_name":"f"', ","])
     assert stream.push("<x>", special=True) == [(None, None)]
+
+
+def test_tool_defs_are_kept_under_the_tool_name():
+    item = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    params = {
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}},
+        "required": ["items"],
+        "$defs": {"Item": item, "Box": {"$ref": "#/definitions/Item"}},
+    }
+    schema = grammar([Tool("order", None, params)])["value"]
+    assert schema["$defs"] == {"order.Item": item, "order.Box": {"$ref": "#/$defs/order.Item"}}
+    assert schema["$functions"]["order"]["properties"]["items"] == {
+        "type": "array",
+        "items": {"$ref": "#/$defs/order.Item"},
+    }
+    assert "$defs" not in grammar(parse_tools([WEATHER]))["value"]
