@@ -1,0 +1,278 @@
+"""Schema-level composition: `allOf` merging and `oneOf` disjointness, before any grammar is
+built.
+
+Merging turns a conjunction of schemas into one schema when the keywords allow it (types
+intersected, enums intersected, bounds tightened, properties united with each side's
+`additionalProperties` applied to the names only the other side declares, `items` combined
+position by position). That matters for objects: the grammar fixes the property order, so
+intersecting two object grammars that order different names would lose most objects. What
+cannot be merged (two `pattern`s become a tuple the string compiler intersects; two `anyOf`s,
+`patternProperties` on both sides) is returned as residual schemas, intersected (`Both`) by
+the caller.
+
+`disjoint` is a conservative test that two schemas share no instance (different types,
+disjoint enums or number intervals, a required property with disjoint schemas, a closed
+object missing a property the other requires); `oneOf` over disjoint branches is `anyOf`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tgix.grammar.json_common import json_equal, json_type
+from tgix.grammar.json_numbers import bounds_keywords, numeric_bounds, tighter
+
+Resolve = Callable[[str], object]
+
+ALL_TYPES = frozenset({"null", "boolean", "object", "array", "number", "integer", "string"})
+COMPOSITION = ("allOf", "anyOf", "oneOf")
+_MIN_KEYS = ("minLength", "minItems", "minProperties")
+_MAX_KEYS = ("maxLength", "maxItems", "maxProperties")
+_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_MULTI_KEYS = ("pattern", "format", "multipleOf")
+_OBJECT_KEYS = ("properties", "patternProperties", "additionalProperties")
+_ARRAY_KEYS = ("items", "prefixItems", "additionalItems")
+
+
+class MergeFailed(Exception):
+    """Two schemas whose conjunction is not one schema (the caller intersects grammars)."""
+
+
+def declared_types(schema: dict) -> frozenset[str]:
+    """The `type` keyword as a set, 'number' including 'integer'; all types when absent."""
+    t = schema.get("type")
+    if t is None:
+        return ALL_TYPES
+    names = frozenset([t] if isinstance(t, str) else t)
+    return names | {"integer"} if "number" in names else names
+
+
+def enum_values(schema: dict) -> list | None:
+    """`enum` and `const` combined; None when neither is present."""
+    values = None
+    if "enum" in schema:
+        values = list(schema["enum"]) if isinstance(schema["enum"], list) else None
+    if "const" in schema:
+        const = schema["const"]
+        values = [const] if values is None else [v for v in values if json_equal(v, const)]
+    return values
+
+
+def type_set(schema: dict) -> frozenset[str]:
+    """Types of the instances a schema can have, as far as `type` and `enum` tell."""
+    types = declared_types(schema)
+    values = enum_values(schema)
+    if values is not None:
+        types &= frozenset(json_type(v) for v in values)
+    return types
+
+
+def conj(a: object, b: object) -> object:
+    """The conjunction of two schemas, without merging."""
+    if a is True or a == {}:
+        return b
+    if b is True or b == {} or a == b:
+        return a
+    if a is False or b is False:
+        return False
+    return {"allOf": [a, b]}
+
+
+class Merger:
+    """Merges schemas; `resolve` maps a `$ref` to its target, `ignore_ref_siblings` is
+    draft 4-7 (keywords next to `$ref` have no effect)."""
+
+    def __init__(self, resolve: Resolve, ignore_ref_siblings: bool):
+        self.resolve = resolve
+        self.ignore_ref_siblings = ignore_ref_siblings
+        self.inlined: list[str] = []
+
+    def take_inlined(self) -> list[str]:
+        """The `$ref`s whose targets merging copied in since the last call (the caller counts
+        them as expanded, for the recursion bound)."""
+        out, self.inlined = self.inlined, []
+        return out
+
+    def merge_all(self, parts: list) -> tuple[object, list]:
+        """One schema and the residual schemas that must also hold."""
+        result: object = True
+        residual: list = []
+        for part in parts:
+            try:
+                result, extra = self._merge(result, part, ())
+            except MergeFailed:
+                extra = [part]
+            residual.extend(extra)
+        return result, residual
+
+    def _flatten(self, schema: object, refs: tuple) -> tuple[object, list]:
+        if not isinstance(schema, dict):
+            return schema, []
+        if "$ref" in schema:
+            ref = schema["$ref"]
+            if ref in refs or len(refs) > 16:
+                raise MergeFailed
+            rest = {k: v for k, v in schema.items() if k != "$ref"}
+            target = self.resolve(ref)
+            self.inlined.append(ref)
+            if self.ignore_ref_siblings:
+                return self._flatten(target, (*refs, ref))
+            base, residual = self._flatten(target, (*refs, ref))
+            merged, more = self._merge(base, rest, (*refs, ref))
+            return merged, residual + more
+        if "allOf" in schema:
+            rest = {k: v for k, v in schema.items() if k != "allOf"}
+            result, residual = rest, []
+            for part in schema["allOf"]:
+                result, extra = self._merge(result, part, refs)
+                residual.extend(extra)
+            return result, residual
+        return schema, []
+
+    def _merge(self, a: object, b: object, refs: tuple) -> tuple[object, list]:
+        a, residual_a = self._flatten(a, refs)
+        b, residual_b = self._flatten(b, refs)
+        residual = residual_a + residual_b
+        if a is False or b is False:
+            return False, []
+        if a is True:
+            return b, residual
+        if b is True:
+            return a, residual
+        return merge_dicts(a, b, residual), residual
+
+
+def merge_dicts(a: dict, b: dict, residual: list) -> dict | bool:
+    """Keyword-wise conjunction of two schemas without `$ref` / `allOf`; keywords that do not
+    combine go to `residual`; MergeFailed when object or array keywords cannot be combined."""
+    out = dict(a)
+    for key, value in b.items():
+        if key not in out:
+            out[key] = value
+        elif out[key] == value:
+            continue
+        elif key in ("anyOf", "oneOf"):
+            residual.append({key: value})
+        elif key in _MIN_KEYS:
+            out[key] = max(out[key], value)
+        elif key in _MAX_KEYS:
+            out[key] = min(out[key], value)
+        elif key in _MULTI_KEYS:
+            left = out[key] if isinstance(out[key], tuple) else (out[key],)
+            out[key] = tuple(dict.fromkeys(left + (value,)))
+        elif key == "required":
+            out[key] = list(dict.fromkeys([*out[key], *value]))
+        elif key not in ("type", "enum", "const", *_BOUND_KEYS, *_OBJECT_KEYS, *_ARRAY_KEYS):
+            raise MergeFailed
+    types = declared_types(a) & declared_types(b)
+    if "type" in a or "type" in b:
+        if not types:
+            return False
+        out["type"] = sorted(types - {"integer"} if "number" in types else types)
+    values_a, values_b = enum_values(a), enum_values(b)
+    if values_a is not None or values_b is not None:
+        values = values_a if values_b is None else values_b
+        if values_a is not None and values_b is not None:
+            values = [v for v in values_a if any(json_equal(v, w) for w in values_b)]
+        out.pop("const", None)
+        out["enum"] = values
+    if any(k in a for k in _BOUND_KEYS) and any(k in b for k in _BOUND_KEYS):
+        for key in _BOUND_KEYS:
+            out.pop(key, None)
+        out.update(bounds_keywords(tighter(numeric_bounds(a), numeric_bounds(b))))
+    if any(k in a for k in _OBJECT_KEYS) and any(k in b for k in _OBJECT_KEYS):
+        out.update(_merge_objects(a, b))
+    if any(k in a for k in _ARRAY_KEYS) and any(k in b for k in _ARRAY_KEYS):
+        for key in _ARRAY_KEYS:
+            out.pop(key, None)
+        out.update(_merge_arrays(a, b))
+    return out
+
+
+def _merge_objects(a: dict, b: dict) -> dict:
+    if "patternProperties" in a or "patternProperties" in b:
+        raise MergeFailed
+    props_a, props_b = a.get("properties", {}), b.get("properties", {})
+    extra_a = a.get("additionalProperties", True)
+    extra_b = b.get("additionalProperties", True)
+    properties = {}
+    for name in dict.fromkeys([*props_a, *props_b]):
+        properties[name] = conj(props_a.get(name, extra_a), props_b.get(name, extra_b))
+    out: dict = {"properties": properties}
+    if "additionalProperties" in a or "additionalProperties" in b:
+        out["additionalProperties"] = conj(extra_a, extra_b)
+    return out
+
+
+def _tuple_form(schema: dict) -> tuple[list, object]:
+    items = schema.get("items", True)
+    if "prefixItems" in schema:
+        return list(schema["prefixItems"]), items
+    if isinstance(items, list):
+        return list(items), schema.get("additionalItems", True)
+    return [], items
+
+
+def _merge_arrays(a: dict, b: dict) -> dict:
+    tuple_a, rest_a = _tuple_form(a)
+    tuple_b, rest_b = _tuple_form(b)
+    n = max(len(tuple_a), len(tuple_b))
+    prefix = [
+        conj(tuple_a[i] if i < len(tuple_a) else rest_a, tuple_b[i] if i < len(tuple_b) else rest_b)
+        for i in range(n)
+    ]
+    out = {"items": conj(rest_a, rest_b)}
+    if prefix:
+        out["prefixItems"] = prefix
+    return out
+
+
+def disjoint(a: object, b: object, resolve: Resolve, depth: int = 0) -> bool:
+    """True only if no JSON value satisfies both schemas (a conservative test)."""
+    a, b = _plain_ref(a, resolve), _plain_ref(b, resolve)
+    if a is False or b is False:
+        return True
+    if not isinstance(a, dict) or not isinstance(b, dict) or depth > 4:
+        return False
+    if any(k in a or k in b for k in (*COMPOSITION, "$ref")):
+        return False
+    common = type_set(a) & type_set(b)
+    if not common:
+        return True
+    values_a, values_b = enum_values(a), enum_values(b)
+    if values_a is not None and values_b is not None:
+        return not any(json_equal(v, w) for v in values_a for w in values_b)
+    numbers_only = common <= {"number", "integer"}
+    if numbers_only and _empty_interval(*tighter(numeric_bounds(a), numeric_bounds(b))):
+        return True
+    if common == {"object"}:
+        return _objects_disjoint(a, b, resolve, depth) or _objects_disjoint(b, a, resolve, depth)
+    return False
+
+
+def _empty_interval(lo, lo_strict: bool, hi, hi_strict: bool) -> bool:
+    if lo is None or hi is None:
+        return False
+    return lo > hi or (lo == hi and (lo_strict or hi_strict))
+
+
+def _objects_disjoint(a: dict, b: dict, resolve: Resolve, depth: int) -> bool:
+    props_a, props_b = a.get("properties", {}), b.get("properties", {})
+    closed_a = a.get("additionalProperties") is False and "patternProperties" not in a
+    required_b = b.get("required", [])
+    for name in required_b:
+        if props_a.get(name) is False or (closed_a and name not in props_a):
+            return True
+        both_have = name in a.get("required", []) and name in props_a and name in props_b
+        if both_have and disjoint(props_a[name], props_b[name], resolve, depth + 1):
+            return True
+    return False
+
+
+def _plain_ref(schema: object, resolve: Resolve) -> object:
+    for _ in range(8):
+        if isinstance(schema, dict) and set(schema) == {"$ref"}:
+            schema = resolve(schema["$ref"])
+        else:
+            break
+    return schema

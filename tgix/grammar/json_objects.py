@@ -1,0 +1,136 @@
+"""Object schemas: `properties`, `required`, `additionalProperties`, `patternProperties`,
+`minProperties` / `maxProperties`.
+
+Layout of a generated object: the declared properties in schema order (then names that are
+required but not declared, in `required` order), each present or absent as the schema
+allows, then any number of additional members. Additional names are canonical JSON strings
+minus the declared names (`Minus`), so no declared key can reappear as an extra one; a name
+matching a `patternProperties` pattern gets that pattern's schema (names matching two
+patterns are not generated when there are several patterns: a documented subset).
+`additionalProperties` absent means any value (JSON Schema), or no extra members when the
+`strict` option is set.
+
+Optional properties are chained left to right: P_k, "a non-empty in-order selection of the
+first k members that holds every required one", is P_{k-1} followed by an optional
+`, member_k`, or member_k alone while nothing required came before. Each member appears once
+in the tree, so n optional properties cost O(n), not the O(n^2) of "which one is first".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from tgix.grammar.errors import GrammarError
+from tgix.grammar.json_common import (
+    CANONICAL_UNIT,
+    NEVER,
+    Context,
+    cat,
+    json_string_text,
+    minus,
+    optional,
+    repeat,
+    union,
+)
+from tgix.grammar.json_pattern import pattern_regex
+from tgix.grammar.json_strings import count_keyword
+from tgix.grammar.regex_tree import Node, Regex, literal
+
+Compile = Callable[[object], Node]
+
+KEY = cat(literal('"'), Regex(CANONICAL_UNIT + "*"), literal('"'))
+
+
+def object_node(schema: dict, ctx: Context, compile_: Compile) -> Node:
+    """The JSON text of the objects the schema's object keywords allow."""
+    properties = schema.get("properties") or {}
+    required = schema.get("required") or []
+    patterns = schema.get("patternProperties") or {}
+    if not isinstance(properties, dict) or not isinstance(patterns, dict):
+        raise GrammarError("JSON Schema 'properties' / 'patternProperties' must be objects")
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise GrammarError("JSON Schema keyword 'required' must be a list of strings")
+    additional = schema.get("additionalProperties")
+    if additional is None:
+        additional = not ctx.options.strict
+    regexes = {p: pattern_regex(p, CANONICAL_UNIT) for p in patterns}
+
+    def matching(name: str) -> list[object]:
+        text = json_string_text(name)[1:-1]
+        return [patterns[p] for p, rx in regexes.items() if re.fullmatch(rx, text)]
+
+    def schema_for(name: str, declared: object | None) -> object:
+        parts = ([declared] if declared is not None else []) + matching(name)
+        if not parts:
+            return additional
+        return parts[0] if len(parts) == 1 else {"allOf": parts}
+
+    members: list[tuple[str, Node, bool]] = []
+    for name, sub in properties.items():
+        members.append((name, compile_(schema_for(name, sub)), name in required))
+    for name in dict.fromkeys(required):
+        if name not in properties:
+            members.append((name, compile_(schema_for(name, None)), True))
+
+    names = [literal(json_string_text(n)) for n in dict.fromkeys([*properties, *required])]
+    declared = union(*names)
+    pattern_keys = {p: cat(literal('"'), Regex(rx), literal('"')) for p, rx in regexes.items()}
+    extras = []
+    for p, key in pattern_keys.items():
+        others = union(*(k for q, k in pattern_keys.items() if q != p))
+        if others != NEVER:
+            ctx.approximate("names matching several patternProperties are not generated")
+        extras.append((minus(minus(key, declared), others), compile_(patterns[p])))
+    extras.append((minus(KEY, union(declared, *pattern_keys.values())), compile_(additional)))
+    return _assemble(ctx, members, extras, schema)
+
+
+def _assemble(
+    ctx: Context, members: list[tuple[str, Node, bool]], extras: list[tuple[Node, Node]], schema
+) -> Node:
+    layout = ctx.layout
+    kept: list[tuple[Node, bool]] = []
+    for name, value, is_required in members:
+        if value == NEVER:
+            if is_required:
+                return NEVER
+            continue
+        kept.append((layout.member(literal(json_string_text(name)), value), is_required))
+    extra = union(*(layout.member(k, v) for k, v in extras if v != NEVER and k != NEVER))
+    n_required = sum(1 for _, r in kept if r)
+    n_optional = len(kept) - n_required
+    lo = count_keyword(schema, "minProperties") or 0
+    hi = count_keyword(schema, "maxProperties")
+    most = None if extra != NEVER else n_required + n_optional
+    if (hi is not None and hi < max(lo, n_required)) or (most is not None and lo > most):
+        return NEVER
+    # Which counts the layout below can enforce: at least one member when lo == 1, and exact
+    # counts of extra members when every declared member is required.
+    extra_lo, extra_hi = 0, None
+    if n_optional == 0:
+        extra_lo = max(lo - n_required, 0)
+        extra_hi = None if hi is None else hi - n_required
+    elif lo > max(n_required, 1) or (hi is not None and (most is None or hi < most)):
+        raise GrammarError(
+            "JSON Schema keywords 'minProperties' / 'maxProperties' are only supported when "
+            "they are implied by the properties or bound extra members next to required ones"
+        )
+    chain = None
+    seen_required = False
+    for member, is_required in kept:
+        if chain is None:
+            chain = member
+        else:
+            step = cat(layout.comma, member)
+            grown = cat(chain, step if is_required else optional(step))
+            chain = grown if seen_required else union(grown, member)
+        seen_required = seen_required or is_required
+    options = []
+    if chain is not None:
+        options.append(cat(chain, repeat(cat(layout.comma, extra), extra_lo, extra_hi)))
+    if not seen_required and extra != NEVER:
+        rest_hi = None if extra_hi is None else extra_hi - 1
+        options.append(layout.separated(extra, extra, max(extra_lo - 1, 0), rest_hi))
+    empty_ok = not seen_required and extra_lo == 0 and lo == 0
+    return layout.container("{", "}", union(*options), empty_ok)

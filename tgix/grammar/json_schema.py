@@ -1,0 +1,422 @@
+"""JSON Schema to a regex tree matching exactly the JSON text the schema allows (modulo the
+documented approximations, each reported in the notes), for constrained decoding.
+
+Entry point: `schema_to_tree(schema, options) -> (node, notes)`.
+
+Dispatch on a schema object:
+1. `true` / `{}`: any JSON value, nesting bounded by `options.any_value_depth`; `false`:
+   nothing.
+2. `not`, `if`, `$dynamicRef`, `$recursiveRef` raise `GrammarError` naming the keyword.
+3. `$ref` (local: JSON pointers with `~0` `~1` and percent-decoding, `#`, `$anchor`, `$id`s of
+   embedded schemas): compiled once per target and reused; a target already being expanded
+   `max_recursion_depth` times is cut (its branch disappears, reported in the notes; an error
+   if nothing finite is left). Keywords next to `$ref` are intersected (2019-09+) or ignored
+   (draft 4-7, as those drafts specify).
+4. `allOf` (with sibling keywords): merged into one schema (json_compose), leftovers
+   intersected with `Both`.
+5. `anyOf` / `oneOf`: sibling keywords merged into every branch, then alternation; `oneOf`
+   branches must be provably disjoint, or are made so by excluding from an object branch a
+   property another branch requires, or by subtracting (`Minus`) the other branches when
+   those are exact and hold no objects or arrays; otherwise `GrammarError`.
+6. Otherwise `type` (all types when absent) chooses the branches; each type's keywords apply
+   only to it; `enum` / `const` values are rendered as exact JSON text and intersected with
+   the other keywords when any apply.
+Annotations (title, description, default, examples, $comment, ...) and unknown keywords
+(vendor extensions) are ignored, as JSON Schema specifies; assertions that are not supported
+raise `GrammarError` naming the keyword.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urljoin
+
+from tgix.grammar.errors import GrammarError
+from tgix.grammar.json_arrays import array_node
+from tgix.grammar.json_common import NEVER, Context, both, json_type, minus, union
+from tgix.grammar.json_common import value_literal as _value_literal
+from tgix.grammar.json_compose import (
+    Merger,
+    declared_types,
+    disjoint,
+    enum_values,
+    type_set,
+)
+from tgix.grammar.json_numbers import (
+    CANONICAL_INTEGER,
+    CANONICAL_NUMBER,
+    INTEGER,
+    NUMBER,
+    integer_bounds,
+    integer_range,
+    multiple_of,
+    number_range,
+    numeric_bounds,
+    to_decimal,
+)
+from tgix.grammar.json_objects import KEY, object_node
+from tgix.grammar.json_strings import as_tuple, string_node
+from tgix.grammar.options import GrammarOptions
+from tgix.grammar.regex_tree import Node, Regex, literal
+
+STRING_KEYWORDS = frozenset({"minLength", "maxLength", "pattern", "format"})
+NUMBER_KEYWORDS = frozenset(
+    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+)
+OBJECT_KEYWORDS = frozenset(
+    {"properties", "required", "additionalProperties", "patternProperties", "minProperties"}
+    | {"maxProperties", "propertyNames", "dependentRequired", "dependentSchemas"}
+    | {"dependencies", "unevaluatedProperties"}
+)
+ARRAY_KEYWORDS = frozenset(
+    {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"}
+    | {"contains", "minContains", "maxContains", "unevaluatedItems"}
+)
+GENERIC_KEYWORDS = frozenset({"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf"})
+UNSUPPORTED = frozenset({"not", "if", "$dynamicRef", "$recursiveRef"})
+ASSERTIONS = (
+    STRING_KEYWORDS | NUMBER_KEYWORDS | OBJECT_KEYWORDS | ARRAY_KEYWORDS | GENERIC_KEYWORDS
+) | UNSUPPORTED
+_BY_TYPE = {
+    "string": STRING_KEYWORDS,
+    "number": NUMBER_KEYWORDS,
+    "integer": NUMBER_KEYWORDS,
+    "object": OBJECT_KEYWORDS,
+    "array": ARRAY_KEYWORDS,
+    "boolean": frozenset(),
+    "null": frozenset(),
+}
+_DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7))
+_DRAFTS += (("2019-09", 2019), ("2020-12", 2020))
+
+
+def unsupported(keyword: str, detail: str = "") -> GrammarError:
+    return GrammarError(f"JSON Schema keyword {keyword!r} is not supported{detail}")
+
+
+_DEFAULT_OPTIONS = GrammarOptions()
+
+
+def schema_to_tree(
+    schema: dict | bool, options: GrammarOptions = _DEFAULT_OPTIONS
+) -> tuple[Node, list[str]]:
+    """Returns the regex tree (tgix.grammar.regex_tree nodes) matching exactly the JSON text
+    the grammar allows, and a list of human-readable notes (e.g. 'recursive $ref
+    #/$defs/node unrolled to depth 3'). Raises GrammarError naming an unsupported keyword."""
+    return _Converter(schema, options).run()
+
+
+def _asserts(schema: dict) -> bool:
+    return any(k in ASSERTIONS for k in schema)
+
+
+class _Converter:
+    def __init__(self, root: object, options: GrammarOptions):
+        if not isinstance(root, dict | bool):
+            raise GrammarError("a JSON Schema must be an object or a boolean")
+        self.root = root
+        self.options = options
+        self.ctx = Context(options)
+        marker = root.get("$schema", "") if isinstance(root, dict) else ""
+        marker = marker if isinstance(marker, str) else ""
+        self.draft = next((d for m, d in _DRAFTS if m in marker), 2020)
+        self.base = ""
+        self.ids: dict[str, object] = {}
+        self.anchors: dict[str, object] = {}
+        if isinstance(root, dict):
+            root_id = root.get("$id", root.get("id"))
+            self.base = root_id if isinstance(root_id, str) else ""
+            self._index(root)
+        self.merger = Merger(self.resolve, ignore_ref_siblings=self.draft <= 7)
+        self.active: dict[int, int] = {id(root): 1}
+        self.cut_refs: list[str] = []
+        self.memo: dict[tuple, tuple[Node, int]] = {}
+        self.canonical = False
+
+    def run(self) -> tuple[Node, list[str]]:
+        node = self.compile(self.root)
+        if node == NEVER:
+            if self.cut_refs:
+                raise GrammarError(
+                    f"recursive $ref {self.cut_refs[0]} has no finite alternative within "
+                    f"max_recursion_depth={self.options.max_recursion_depth}"
+                )
+            raise GrammarError("the JSON Schema admits no value")
+        return node, list(self.ctx.notes)
+
+    # --- references -------------------------------------------------------------------
+
+    def _index(self, node: object) -> None:
+        if isinstance(node, list):
+            for item in node:
+                self._index(item)
+            return
+        if not isinstance(node, dict):
+            return
+        for key in ("$id", "id"):
+            value = node.get(key)
+            if isinstance(value, str) and not isinstance(node.get("type"), dict):
+                if value.startswith("#"):
+                    self.anchors.setdefault(value[1:], node)
+                else:
+                    for name in (value, urljoin(self.base, value)):
+                        self.ids.setdefault(name.rstrip("#"), node)
+        if isinstance(node.get("$anchor"), str):
+            self.anchors.setdefault(node["$anchor"], node)
+        for key, value in node.items():
+            if key not in ("enum", "const", "default", "examples", "example"):
+                self._index(value)
+
+    def resolve(self, ref: object) -> object:
+        if not isinstance(ref, str):
+            raise GrammarError("JSON Schema keyword '$ref' must be a string")
+        uri, _, fragment = ref.partition("#")
+        doc = self.root
+        if uri:
+            doc = self.ids.get(urljoin(self.base, uri).rstrip("#"), self.ids.get(uri))
+            if doc is None:
+                raise unsupported("$ref", f" to an external document ({ref!r})")
+        fragment = unquote(fragment)
+        if fragment and not fragment.startswith("/"):
+            if fragment not in self.anchors:
+                raise GrammarError(f"$ref {ref!r} does not resolve")
+            return self.anchors[fragment]
+        for token in fragment.split("/")[1:]:
+            token = token.replace("~1", "/").replace("~0", "~")
+            if isinstance(doc, dict) and token in doc:
+                doc = doc[token]
+            elif isinstance(doc, list) and token.isdigit() and int(token) < len(doc):
+                doc = doc[int(token)]
+            else:
+                raise GrammarError(f"$ref {ref!r} does not resolve")
+        return doc
+
+    def compile_ref(self, ref: object) -> Node:
+        target = self.resolve(ref)
+        key = (id(target), self.canonical)
+        if key in self.memo:
+            node, approximations = self.memo[key]
+            self.ctx.approximations += approximations
+            return node
+        depth = self.active.get(id(target), 0)
+        if depth >= self.options.max_recursion_depth:
+            self.cut_refs.append(str(ref))
+            self.ctx.approximate(
+                f"recursive $ref {ref} unrolled to depth {self.options.max_recursion_depth}"
+            )
+            return NEVER
+        cuts, approximations = len(self.cut_refs), self.ctx.approximations
+        self.active[id(target)] = depth + 1
+        try:
+            node = self.compile(target)
+        finally:
+            self.active[id(target)] = depth
+        if len(self.cut_refs) == cuts:
+            self.memo[key] = (node, self.ctx.approximations - approximations)
+        return node
+
+    # --- composition --------------------------------------------------------------------
+
+    def compile(self, schema: object) -> Node:
+        if schema is True:
+            return self.any_value()
+        if schema is False:
+            return NEVER
+        if not isinstance(schema, dict):
+            raise GrammarError(f"a JSON Schema must be an object or a boolean, got {schema!r}")
+        for keyword in UNSUPPORTED:
+            if keyword in schema:
+                raise unsupported(keyword)
+        if "$ref" in schema:
+            siblings = {k: v for k, v in schema.items() if k != "$ref"}
+            if self.draft <= 7 or not _asserts(siblings):
+                return self.compile_ref(schema["$ref"])
+            return self.compile_all([{"$ref": schema["$ref"]}, siblings])
+        for keyword in ("allOf", "anyOf", "oneOf"):
+            if keyword in schema and (not isinstance(schema[keyword], list) or not schema[keyword]):
+                raise GrammarError(f"JSON Schema keyword {keyword!r} must be a non-empty array")
+        if "allOf" in schema:
+            rest = {k: v for k, v in schema.items() if k != "allOf"}
+            return self.compile_all([*schema["allOf"], rest])
+        if "anyOf" in schema:
+            rest = {k: v for k, v in schema.items() if k != "anyOf"}
+            return union(*(self.compile_all([rest, b]) for b in schema["anyOf"]))
+        if "oneOf" in schema:
+            rest = {k: v for k, v in schema.items() if k != "oneOf"}
+            return self.compile_one_of(rest, schema["oneOf"])
+        return self.compile_plain(schema)
+
+    def compile_all(self, parts: list) -> Node:
+        """The conjunction of schemas: merged where possible, the rest intersected."""
+        parts = [p for p in parts if not (isinstance(p, dict) and not _asserts(p))]
+        if len(parts) <= 1:
+            return self.compile(parts[0] if parts else True)
+        merged, residual = self.merger.merge_all(parts)
+        inlined = [self.resolve(r) for r in self.merger.take_inlined()]
+        for target in inlined:
+            if self.active.get(id(target), 0) >= self.options.max_recursion_depth:
+                self.cut_refs.append("(allOf)")
+                self.ctx.approximate("recursive allOf / $ref merge cut")
+                return NEVER
+        for target in inlined:
+            self.active[id(target)] = self.active.get(id(target), 0) + 1
+        try:
+            return both(self.compile(merged), *(self.compile(r) for r in residual))
+        finally:
+            for target in inlined:
+                self.active[id(target)] -= 1
+
+    def compile_one_of(self, rest: dict, branches: list) -> Node:
+        flat = [self.merger.merge_all([rest, b])[0] for b in branches]
+        self.merger.take_inlined()
+        overlaps = [
+            [j for j in range(len(flat)) if j != i and not disjoint(flat[i], flat[j], self.resolve)]
+            for i in range(len(flat))
+        ]
+        nodes = []
+        for i, branch in enumerate(branches):
+            if not overlaps[i]:
+                nodes.append(self.compile_all([rest, branch]))
+            elif isinstance(flat[i], dict) and type_set(flat[i]) <= {"object"}:
+                nodes.append(self._exclude_required(rest, branches, flat, i, overlaps[i]))
+            else:
+                nodes.append(self._subtract(rest, branches, flat, i, overlaps[i]))
+        return union(*nodes)
+
+    def _exclude_required(self, rest, branches, flat, i, others) -> Node:
+        """Object branch i without the objects that hold a property another branch requires
+        (a subset of "i and not j")."""
+        mine = flat[i]
+        forbidden = {}
+        for j in others:
+            theirs = flat[j] if isinstance(flat[j], dict) else {}
+            keys = [k for k in theirs.get("required", []) if k not in mine.get("required", [])]
+            if not keys:
+                raise unsupported("oneOf", f": branches {i} and {j} may overlap")
+            keys.sort(key=lambda k: k in mine.get("properties", {}))
+            forbidden[keys[0]] = False
+            self.ctx.approximate(
+                f"oneOf branch {i}: objects with property {keys[0]!r} are not generated"
+            )
+        return self.compile_all([rest, branches[i], {"properties": forbidden}])
+
+    def _subtract(self, rest, branches, flat, i, others) -> Node:
+        """Branch i minus the branches it may overlap, all in canonical spelling; the
+        subtracted branches must be exact and hold no objects or arrays."""
+        saved, self.canonical = self.canonical, True
+        try:
+            keep = self.compile_all([rest, branches[i]])
+            drops = []
+            for j in others:
+                if not isinstance(flat[j], dict) or type_set(flat[j]) & {"object", "array"}:
+                    raise unsupported("oneOf", f": branches {i} and {j} may overlap")
+                before = self.ctx.approximations
+                drops.append(self.compile_all([rest, branches[j]]))
+                if self.ctx.approximations != before:
+                    raise unsupported("oneOf", f": branches {i} and {j} may overlap")
+        finally:
+            self.canonical = saved
+        return minus(keep, union(*drops))
+
+    # --- types ------------------------------------------------------------------------
+
+    def compile_plain(self, schema: dict) -> Node:
+        types = declared_types(schema)
+        unknown = types - set(_BY_TYPE)
+        if unknown:
+            raise GrammarError(f"unknown JSON Schema type {sorted(unknown)[0]!r}")
+        values = enum_values(schema)
+        if values is not None:
+            return self.compile_enum(schema, types, values)
+        branches = []
+        if "number" in types or "integer" in types:
+            branches.append(self.number(schema, integer="number" not in types))
+        if "string" in types:
+            branches.append(string_node(schema, self.ctx, self.canonical))
+        if "boolean" in types:
+            branches.append(union(literal("true"), literal("false")))
+        if "null" in types:
+            branches.append(literal("null"))
+        if "array" in types:
+            branches.append(self.array(schema))
+        if "object" in types:
+            branches.append(self.object(schema))
+        return union(*branches)
+
+    def compile_enum(self, schema: dict, types: frozenset, values: list) -> Node:
+        values = [v for v in values if json_type(v) in types]
+        value_types = {json_type(v) for v in values}
+        layout = self.ctx.layout
+        node = union(*(_value_literal(v, layout, self.canonical) for v in values))
+        relevant = set().union(*(_BY_TYPE[t] for t in value_types)) if value_types else set()
+        rest = {k: v for k, v in schema.items() if k in relevant}
+        if not rest or node == NEVER:
+            return node
+        rest["type"] = sorted(value_types)
+        return both(node, self.compile_plain(rest))
+
+    def number(self, schema: dict, integer: bool) -> Node:
+        """Integers or numbers within the bounds and multiples; bounded ones (and all in
+        canonical mode) without an exponent."""
+        lo, lo_strict, hi, hi_strict = numeric_bounds(schema)
+        parts: list[Node] = []
+        if lo is not None or hi is not None:
+            if integer:
+                text = integer_range(*integer_bounds(lo, lo_strict, hi, hi_strict))
+            else:
+                text = number_range(lo, lo_strict, hi, hi_strict)
+            if text is None:
+                return NEVER
+            parts.append(Regex(text))
+        for k in as_tuple(schema.get("multipleOf")):
+            k = to_decimal(k, "multipleOf")
+            if not (integer and k == 1):
+                parts.append(Regex(multiple_of(k, integer)))
+        if parts and not integer and not self.canonical:
+            self.ctx.approximate("bounded numbers are generated without an exponent")
+        if self.canonical or not parts:
+            if integer:
+                parts.append(Regex(CANONICAL_INTEGER if self.canonical else INTEGER))
+            else:
+                parts.append(Regex(CANONICAL_NUMBER if self.canonical else NUMBER))
+        return both(*parts)
+
+    def array(self, schema: dict) -> Node:
+        if "unevaluatedItems" in schema and "items" not in schema:
+            schema = {**schema, "items": schema["unevaluatedItems"]}
+        if "contains" in schema:
+            raise unsupported("contains")
+        if schema.get("uniqueItems") is True and (schema.get("maxItems") or 2) > 1:
+            raise unsupported("uniqueItems")
+        return array_node(schema, self.ctx, self.compile)
+
+    def object(self, schema: dict) -> Node:
+        if "unevaluatedProperties" in schema and "additionalProperties" not in schema:
+            schema = {**schema, "additionalProperties": schema["unevaluatedProperties"]}
+        for keyword in ("propertyNames", "dependentRequired", "dependentSchemas", "dependencies"):
+            if schema.get(keyword) not in (None, {}, True):
+                raise unsupported(keyword)
+        return object_node(schema, self.ctx, self.compile)
+
+    def any_value(self) -> Node:
+        key = ("any", self.canonical)
+        if key in self.memo:
+            self.ctx.approximations += 1
+            return self.memo[key][0]
+        depth = self.options.any_value_depth
+        self.ctx.approximate(f"unconstrained values nest at most {depth} levels deep")
+        layout = self.ctx.layout
+        scalars = union(
+            string_node({}, self.ctx, self.canonical),
+            Regex(CANONICAL_NUMBER if self.canonical else NUMBER),
+            literal("true"),
+            literal("false"),
+            literal("null"),
+        )
+        value = scalars
+        for _ in range(depth):
+            array = layout.container("[", "]", layout.separated(value, value, 0, None), True)
+            member = layout.member(KEY, value)
+            obj = layout.container("{", "}", layout.separated(member, member, 0, None), True)
+            value = union(scalars, array, obj)
+        self.memo[key] = (value, 1)
+        return value
