@@ -12,7 +12,6 @@ back to one regex string (`to_regex`), also the form used in error messages.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 _SPECIAL = set("\\.^$*+?{}[]()|/-")
 
@@ -59,7 +58,7 @@ class Minus:
     drop: Node
 
 
-Node = Union[Regex, Seq, Alt, Repeat, Both, Minus]
+Node = Regex | Seq | Alt | Repeat | Both | Minus
 
 
 def escape(text: str) -> str:

@@ -1,0 +1,235 @@
+"""Compiling grammars off the engine thread, with caches.
+
+Compiles run in worker processes (spawned: no fork of a process holding JAX threads), so a
+slow schema never holds the GIL the engine loop needs; each worker builds the vocabulary trie
+once at start. Results are cached in memory (LRU) and on disk (`.npz` under
+$TGIX_CACHE/grammars), keyed by the spec, the options and the vocabulary's content hash.
+Concurrent requests for the same grammar share one compile. `workers=0` compiles inline in
+the caller's thread (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import numpy as np
+
+from tgix.grammar.errors import GrammarError
+from tgix.grammar.index import TokenIndex
+from tgix.grammar.options import GrammarOptions
+from tgix.grammar.pipeline import CompiledArrays, compile_arrays
+from tgix.grammar.spec import GrammarSpec
+from tgix.grammar.token_trie import Trie, build_byte_trie
+from tgix.grammar.vocabulary import TokenVocabulary
+
+logger = logging.getLogger(__name__)
+_WORKER_MEMORY_BYTES = 8 << 30  # address-space cap per worker: a runaway compile fails alone
+
+
+class GrammarCompiler:
+    def __init__(
+        self,
+        vocab: TokenVocabulary,
+        options: GrammarOptions | None = None,
+        *,
+        workers: int = 1,
+        cache_dir: str | os.PathLike | None = None,
+        memory_items: int = 64,
+    ):
+        self.vocab, self.workers = vocab, workers
+        self.options = options or GrammarOptions()
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self._digest = vocab.digest()
+        self._lru: OrderedDict[str, TokenIndex] = OrderedDict()
+        self._memory_items = memory_items
+        self._pending: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._pool: ProcessPoolExecutor | None = None
+        self._trie: Trie | None = None
+
+    @classmethod
+    def for_tokenizer(
+        cls, tokenizer, *, eos_ids=(), size: int | None = None, **kwargs
+    ) -> GrammarCompiler:
+        """tokenizer: a transformers fast tokenizer or tgix.tokenizer.Tokenizer; size: the
+        model's logit width when larger than the tokenizer (padding ids are masked)."""
+        eos_ids = tuple(eos_ids) or tuple(getattr(tokenizer, "eos_token_ids", ()))
+        vocab = TokenVocabulary.from_tokenizer(tokenizer, eos_ids=eos_ids, size=size)
+        return cls(vocab, **kwargs)
+
+    def key(self, spec: GrammarSpec) -> str:
+        text = json.dumps([spec.key(), self.options.key(), self._digest])
+        return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+    def submit(self, spec: GrammarSpec) -> Future:
+        """A future of the TokenIndex (GrammarError on failure)."""
+        key = self.key(spec)
+        with self._lock:
+            if key in self._lru:
+                self._lru.move_to_end(key)
+                done: Future = Future()
+                done.set_result(self._lru[key])
+                return done
+            if key in self._pending:
+                return self._pending[key]
+            result: Future = Future()
+            self._pending[key] = result
+        cached = self._load(key)
+        if cached is not None:
+            self._finish(key, result, cached)
+        elif self.workers == 0:
+            try:
+                arrays = compile_arrays(spec, self.vocab, self._byte_trie(), self.options)
+                self._finish(key, result, arrays)
+            except BaseException as exc:  # delivered through the future
+                self._fail(key, result, exc)
+        else:
+            self._submit_to_pool(spec, key, result)
+        return result
+
+    def compile(self, spec: GrammarSpec) -> TokenIndex:
+        return self.submit(spec).result()
+
+    async def compile_async(self, spec: GrammarSpec) -> TokenIndex:
+        return await asyncio.wrap_future(self.submit(spec))
+
+    def warm_up(self) -> None:
+        """Start the workers (and their trie) now rather than on the first request."""
+        self.compile(GrammarSpec.regex("[0-9]"))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _byte_trie(self) -> Trie:
+        if self._trie is None:
+            self._trie = build_byte_trie(self.vocab.token_bytes)
+        return self._trie
+
+    def _submit_to_pool(self, spec: GrammarSpec, key: str, result: Future) -> None:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(
+                    self.workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_worker_init,
+                    initargs=(self.vocab,),
+                )
+            pool = self._pool
+
+        def done(f: Future) -> None:
+            exc = f.exception()
+            if exc is None:
+                self._finish(key, result, f.result())
+                return
+            if isinstance(exc, BrokenProcessPool):
+                with self._lock:
+                    if self._pool is pool:
+                        self._pool = None
+                exc = GrammarError("grammar compilation failed (compile worker died)")
+            self._fail(key, result, exc)
+
+        try:
+            pool.submit(_worker_compile, spec, self.options).add_done_callback(done)
+        except (BrokenProcessPool, RuntimeError):
+            with self._lock:
+                self._pool = None
+            self._fail(key, result, GrammarError("grammar compiler is restarting, retry"))
+
+    def _finish(self, key: str, result: Future, arrays: CompiledArrays) -> None:
+        index = arrays.attach(self.vocab)
+        self._save(key, arrays)
+        with self._lock:
+            self._lru[key] = index
+            while len(self._lru) > self._memory_items:
+                self._lru.popitem(last=False)
+            self._pending.pop(key, None)
+        result.set_result(index)
+
+    def _fail(self, key: str, result: Future, exc: BaseException) -> None:
+        with self._lock:
+            self._pending.pop(key, None)
+        if not isinstance(exc, GrammarError):
+            logger.exception("grammar compilation failed", exc_info=exc)
+            exc = GrammarError(f"grammar compilation failed: {type(exc).__name__}: {exc}")
+        result.set_exception(exc)
+
+    def _path(self, key: str) -> Path | None:
+        return None if self.cache_dir is None else self.cache_dir / f"{key}.npz"
+
+    def _load(self, key: str) -> CompiledArrays | None:
+        path = self._path(key)
+        if path is None or not path.exists():
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                stats = json.loads(str(z["stats"]))
+                return CompiledArrays(z["table"], z["accepting"], z["row_of"], z["masks"], stats)
+        except Exception:  # a damaged cache entry is recompiled
+            logger.warning("ignoring unreadable grammar cache entry %s", path)
+            return None
+
+    def _save(self, key: str, arrays: CompiledArrays) -> None:
+        path = self._path(key)
+        if path is None or path.exists():
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+            np.savez(
+                tmp,
+                table=arrays.table,
+                accepting=arrays.accepting,
+                row_of=arrays.row_of,
+                masks=arrays.masks,
+                stats=np.array(json.dumps(arrays.stats, default=str)),
+            )
+            os.replace(tmp, path)
+        except OSError as exc:
+            logger.warning("cannot write grammar cache %s: %s", path, exc)
+
+
+# -- worker process ------------------------------------------------------------------------------
+
+_worker: dict = {}
+
+
+def _worker_init(vocab: TokenVocabulary) -> None:
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (_WORKER_MEMORY_BYTES, _WORKER_MEMORY_BYTES))
+    except (ImportError, ValueError, OSError):
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server handles Ctrl-C
+    _worker["vocab"] = vocab
+    _worker["trie"] = build_byte_trie(vocab.token_bytes)
+
+
+def _on_alarm(signum, frame):
+    raise GrammarError("grammar compilation exceeded its time budget")
+
+
+def _worker_compile(spec: GrammarSpec, options: GrammarOptions) -> CompiledArrays:
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, options.timeout_s + 1.0)
+    try:
+        return compile_arrays(spec, _worker["vocab"], _worker["trie"], options)
+    except MemoryError:
+        raise GrammarError("grammar compilation ran out of memory") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)

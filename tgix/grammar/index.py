@@ -1,0 +1,201 @@
+"""Token index: for every automaton state a token can end in, the packed bitmask of tokens
+allowed next. `TokenIndex` is what a request carries and the engine reads each step.
+
+Build: breadth-first over states reachable at token boundaries; for a batch of states the
+collapsed vocabulary trie is walked level by level on (state, node) pairs that are still
+alive, so every distinct class prefix is stepped once per state. A token is allowed when all
+its bytes have transitions (a token running past the end of the language dies on its extra
+bytes) and its end state is *live*: some token sequence leads from it to acceptance. States
+from which nothing can finish are pruned, and a grammar whose start is not live for this
+vocabulary is an error at compile time rather than a trap mid-generation. EOS ids are allowed
+exactly in accepting states.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tgix.grammar.automaton import DEAD, ByteDFA
+from tgix.grammar.errors import GrammarError
+from tgix.grammar.nfa import check_deadline
+from tgix.grammar.token_trie import Trie, collapse
+from tgix.grammar.vocabulary import TokenVocabulary
+
+FINISHED = -2  # the state after EOS
+_PAIR_BUDGET = 1 << 22  # (state, node) pairs per batch: bounds memory at ~100 MB
+
+
+class TokenIndex:
+    """masks [R, W] uint32: bit t of row r (word t // 32, bit t % 32) allows token t from the
+    state whose row is r; W = ceil(V / 32). row_of [S] int32 maps automaton states to rows
+    (-1: never reached at a token boundary). States are automaton state ids; start is 0."""
+
+    def __init__(self, dfa: ByteDFA, vocab: TokenVocabulary, row_of, masks, stats: dict):
+        self.dfa, self.vocab = dfa, vocab
+        self.row_of, self.masks, self.stats = row_of, masks, stats
+        self.start = 0
+        self.eos_ids = frozenset(vocab.eos_ids)
+        self._table = dfa.table
+        self._next: dict[tuple[int, int], int] = {}
+        counts = np.unpackbits(masks.view(np.uint8), axis=1).sum(axis=1)
+        first = _first_set_bit(masks)
+        eos_any = np.zeros(len(masks), dtype=bool)
+        for e in vocab.eos_ids:
+            eos_any |= (masks[:, e // 32] >> np.uint32(e % 32)) & 1 == 1
+        self._forced = np.where((counts == 1) & ~eos_any, first, -1)
+
+    @property
+    def num_states(self) -> int:
+        return len(self.masks)
+
+    @property
+    def width(self) -> int:
+        return self.masks.shape[1]
+
+    def mask(self, state: int) -> np.ndarray:
+        """[W] uint32 allowed tokens from `state` (after EOS: only EOS, to stay well-defined)."""
+        if state == FINISHED:
+            state = self._final_row_state()
+        return self.masks[self.row_of[state]]
+
+    def is_accepting(self, state: int) -> bool:
+        return state == FINISHED or bool(self.dfa.accepting[state])
+
+    def allows(self, state: int, token_id: int) -> bool:
+        row = self.mask(state)
+        return bool((int(row[token_id // 32]) >> (token_id % 32)) & 1)
+
+    def advance(self, state: int, token_id: int) -> int:
+        """The state after `token_id`; FINISHED after EOS; GrammarError if not allowed."""
+        key = (state, token_id)
+        nxt = self._next.get(key)
+        if nxt is None:
+            if not self.allows(state, token_id):
+                raise GrammarError(f"token {token_id} is not allowed in state {state}")
+            if token_id in self.eos_ids:
+                nxt = FINISHED
+            else:
+                nxt = self.dfa.walk(self.vocab.token_bytes[token_id], state)
+            self._next[key] = nxt
+        return nxt
+
+    def forced_token(self, state: int) -> int | None:
+        """The only allowed token when there is exactly one and it is not EOS."""
+        if state == FINISHED:
+            return None
+        forced = int(self._forced[self.row_of[state]])
+        return None if forced < 0 else forced
+
+    def _final_row_state(self) -> int:
+        return int(np.flatnonzero(self.dfa.accepting & (self.row_of >= 0))[0])
+
+
+def _first_set_bit(masks: np.ndarray) -> np.ndarray:
+    bits = np.unpackbits(masks.view(np.uint8), axis=1, bitorder="little")
+    return np.argmax(bits, axis=1)
+
+
+def build_index(
+    dfa: ByteDFA, vocab: TokenVocabulary, byte_trie: Trie, deadline: float | None = None
+) -> TokenIndex:
+    t0 = time.monotonic()
+    deadline = t0 + 3600 if deadline is None else deadline
+    columns, class_of = np.unique(dfa.table.T, axis=0, return_inverse=True)
+    class_of = class_of.reshape(-1)
+    table_c = np.ascontiguousarray(columns.T)  # [S, C]
+    trie = collapse(byte_trie, class_of.astype(np.int32))
+    walker = _Walker(table_c, trie)
+    ends: dict[int, np.ndarray] = {}  # state -> [T] end state per token (int32, DEAD)
+    frontier = [0]
+    while frontier:
+        check_deadline(deadline)
+        for batch in walker.batches(frontier):
+            for s, row in zip(batch, walker.walk(batch), strict=True):
+                ends[s] = row
+        seen = set(ends)
+        frontier = sorted(
+            {int(e) for s in frontier for e in np.unique(ends[s]) if e != DEAD} - seen
+        )
+    live = _live_states(ends, dfa.accepting)
+    if 0 not in live:
+        raise GrammarError("this model's vocabulary cannot produce any string of the grammar")
+    states = sorted(live)
+    row_of = np.full(dfa.num_states, -1, dtype=np.int32)
+    row_of[states] = np.arange(len(states), dtype=np.int32)
+    live_mask = np.zeros(dfa.num_states + 1, dtype=bool)  # index -1 (DEAD) stays False
+    live_mask[states] = True
+    width = -(-vocab.size // 32)
+    masks = np.zeros((len(states), width), dtype=np.uint32)
+    token_ids = trie.token_ids
+    for lo in range(0, len(states), 256):
+        chunk = states[lo : lo + 256]
+        allowed = np.zeros((len(chunk), width * 32), dtype=bool)
+        for i, s in enumerate(chunk):
+            allowed[i, token_ids] = live_mask[ends[s]]
+            if dfa.accepting[s]:
+                allowed[i, list(vocab.eos_ids)] = True
+        masks[lo : lo + len(chunk)] = np.packbits(allowed, axis=1, bitorder="little").view("<u4")
+    stats = {
+        "dfa_states": dfa.num_states,
+        "token_states": len(states),
+        "classes": table_c.shape[1],
+        "trie_nodes": trie.num_nodes,
+        "index_s": time.monotonic() - t0,
+    }
+    return TokenIndex(dfa, vocab, row_of, masks, stats)
+
+
+def _live_states(ends: dict[int, np.ndarray], accepting: np.ndarray) -> set[int]:
+    """States with a token path to acceptance (accepting ones included)."""
+    preds: dict[int, set[int]] = {}
+    for s, row in ends.items():
+        for e in np.unique(row):
+            if e != DEAD:
+                preds.setdefault(int(e), set()).add(s)
+    live = {s for s in ends if accepting[s]}
+    todo = list(live)
+    while todo:
+        for p in preds.get(todo.pop(), ()):
+            if p not in live:
+                live.add(p)
+                todo.append(p)
+    return live
+
+
+class _Walker:
+    """Steps batches of states through the collapsed trie; returns per state the end state
+    of every token (DEAD where some byte has no transition)."""
+
+    def __init__(self, table_c: np.ndarray, trie: Trie):
+        self.trie = trie
+        self.flat = table_c.reshape(-1).astype(np.int32)
+        self.num_classes = table_c.shape[1]
+        self.level1 = np.arange(trie.offsets[0], trie.offsets[1])
+
+    def batches(self, states: list[int]):
+        size = max(1, _PAIR_BUDGET // max(self.trie.num_nodes, 1))
+        for lo in range(0, len(states), size):
+            yield states[lo : lo + size]
+
+    def walk(self, states: list[int]) -> np.ndarray:
+        trie, n = self.trie, self.trie.num_nodes
+        node_state = np.full((len(states), n), DEAD, dtype=np.int32)
+        origin = np.repeat(np.arange(len(states)), len(self.level1))
+        node = np.tile(self.level1, len(states))
+        state = np.repeat(np.array(states, dtype=np.int32), len(self.level1))
+        while node.size:
+            nxt = self.flat[state * self.num_classes + trie.label[node]]
+            alive = nxt != DEAD
+            origin, node, state = origin[alive], node[alive], nxt[alive]
+            node_state[origin, node] = state
+            counts = trie.num_children[node]
+            has = counts > 0
+            origin, node, state, counts = origin[has], node[has], state[has], counts[has]
+            if not node.size:
+                break
+            starts = np.repeat(trie.first_child[node] - np.cumsum(counts) + counts, counts)
+            child = starts + np.arange(int(counts.sum()))
+            origin, state, node = np.repeat(origin, counts), np.repeat(state, counts), child
+        return node_state[:, trie.token_node]
