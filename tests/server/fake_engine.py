@@ -151,6 +151,21 @@ def _info(i: int, logprob: float | None = LOGPROB) -> TokenInfo:
     return TokenInfo(id=i, text=token_text(i), logprob=logprob, special=i in SPECIAL)
 
 
+def roomy_limits() -> EngineLimits:
+    """Limits with room for tool prompts (tools as JSON plus TGI's tool prompt)."""
+    return EngineLimits(
+        max_input_tokens=3000,
+        max_total_tokens=4000,
+        max_batch_prefill_tokens=4096,
+        max_batch_total_tokens=16384,
+        max_batch_size=None,
+        max_waiting_tokens=20,
+        waiting_served_ratio=0.3,
+        page_size=16,
+        chunked_prefill=True,
+    )
+
+
 class FakeEngine:
     def __init__(self, limits: EngineLimits | None = None, *, chat_template: str | None = "fake"):
         self.tokenizer = FakeTokenizer(chat_template)

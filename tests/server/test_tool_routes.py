@@ -13,9 +13,8 @@ from server.app import build_app
 from server.metrics import StepRecorder
 from server.tools import DEFAULT_TOOL_PROMPT
 from tests.server.conftest import LiveServer, make_settings
-from tests.server.fake_engine import FakeEngine
+from tests.server.fake_engine import FakeEngine, roomy_limits
 from tests.server.fake_grammar import FakeIndex
-from tgix.engine.request import EngineLimits
 from tgix.grammar import GrammarSpec
 
 WEATHER = {
@@ -42,18 +41,7 @@ HEAD += '"system_fingerprint":"0.1.0-native","choices":'
 
 @pytest.fixture(scope="module")
 def server():
-    limits = EngineLimits(
-        max_input_tokens=3000,
-        max_total_tokens=4000,
-        max_batch_prefill_tokens=4096,
-        max_batch_total_tokens=16384,
-        max_batch_size=None,
-        max_waiting_tokens=20,
-        waiting_served_ratio=0.3,
-        page_size=16,
-        chunked_prefill=True,
-    )
-    engine = FakeEngine(limits)
+    engine = FakeEngine(roomy_limits())
     app = build_app(engine, make_settings(), steps=StepRecorder(), keep_alive_s=5)
     live = LiveServer(app, engine)
     yield live
