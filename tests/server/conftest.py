@@ -1,5 +1,6 @@
-"""Fixtures: a real uvicorn server on 127.0.0.1 (session, in a thread) over a FakeEngine, and
-in-process apps with custom settings through Starlette's TestClient."""
+"""Fixtures: a real uvicorn server on 127.0.0.1 (session, in a thread) over a FakeEngine, the
+same over the real engine (`real_engine`, session), and in-process apps with custom settings
+through Starlette's TestClient."""
 
 from __future__ import annotations
 
@@ -81,6 +82,15 @@ def live(live_server):
 def http(live):
     with httpx.Client(base_url=live.url, timeout=10) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def real_engine(tiny_checkpoints, tmp_path_factory):
+    """The server over the real engine (tests/server/real_engine.py), started once for every
+    module that uses it."""
+    from tests.server.real_engine import start
+
+    yield from start(tiny_checkpoints, tmp_path_factory)
 
 
 @pytest.fixture
