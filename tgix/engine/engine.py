@@ -75,6 +75,7 @@ class Engine:
         self._stats: dict[str, float] = {}
         self._overlap = overlap
         self._overlapped = 0  # steps dispatched before the previous one was read back
+        self.grammar_compiler = None  # tgix.grammar.GrammarCompiler, set by the factory
         self._thread = threading.Thread(target=self._run, name="tgix-engine", daemon=True)
         self._thread.start()
 
@@ -123,6 +124,8 @@ class Engine:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout_s)
+        if self.grammar_compiler is not None:
+            self.grammar_compiler.close()
 
     # -- engine thread --------------------------------------------------------------------------
 
@@ -196,6 +199,10 @@ class Engine:
             and r.start_pos == 0
             for r, live in zip(rows, lives, strict=True)
         )
+        masks = [
+            live.token_mask() if live is not None and r.produces_token else None
+            for r, live in zip(rows, lives, strict=True)
+        ]
         now = time.monotonic()
         for live in lives:
             if live is not None:
@@ -203,7 +210,11 @@ class Engine:
         self._step_started = now
         try:
             handle = self.runner.run(
-                rows, sampling, prompt_logprobs=want_prefill, device_token_ids=token_ids
+                rows,
+                sampling,
+                prompt_logprobs=want_prefill,
+                device_token_ids=token_ids,
+                token_masks=masks,
             )
         except Exception as exc:  # a failed step ends its requests, not the engine
             logger.exception("step failed")
@@ -284,6 +295,10 @@ class Engine:
         logprob = float(out.logprobs[i])
         if not math.isfinite(logprob) and logprob != -math.inf:
             self._finish(request_id, GenerationError("non-finite logits", "generation"))
+            return
+        if not live.advance_grammar(int(out.token_ids[i])):
+            error = GenerationError("sampled a token the grammar forbids", "generation")
+            self._finish(request_id, error)
             return
         n = live.request.top_n_tokens
         top = list(zip(out.top_ids[i][:n].tolist(), out.top_logprobs[i][:n].tolist(), strict=True))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class EngineOptions:
     progress: bool = True
     stall_timeout_s: float = 120.0
     memory_fraction: float = 1.0  # TGI's --cuda-memory-fraction: share of accelerator memory
+    grammar_workers: int = 1  # grammar compile processes; 0: in the caller's thread; -1: none
 
 
 def free_device_bytes(mesh, fraction: float = 1.0) -> int:
@@ -142,8 +144,32 @@ def create_engine(
         stall_timeout_s=options.stall_timeout_s,
         on_step=on_step,
     )
+    engine.grammar_compiler = _grammar_compiler(tokenizer, cfg.vocab_size, options)
     engine.warmup(run_request=options.warmup)
     return engine
+
+
+def _grammar_compiler(tokenizer, logit_width: int, options: EngineOptions):
+    """The engine's grammar compiler, its workers starting in the background; None when
+    disabled or when this tokenizer's alphabet cannot be read."""
+    if options.grammar_workers < 0:
+        return None
+    from tgix.grammar import GrammarCompiler
+    from tgix.tokenizer import cache_root
+
+    try:
+        compiler = GrammarCompiler.for_tokenizer(
+            tokenizer,
+            size=logit_width,
+            workers=options.grammar_workers,
+            cache_dir=cache_root() / "grammars" if options.compilation_cache != "" else None,
+        )
+    except Exception:  # grammars off, everything else still serves
+        logger.exception("grammar support disabled: cannot read the tokenizer's vocabulary")
+        return None
+    if options.grammar_workers > 0:
+        threading.Thread(target=compiler.warm_up, name="tgix-grammar-warmup", daemon=True).start()
+    return compiler
 
 
 def _param_dtype(loaded: LoadedModel):

@@ -27,6 +27,23 @@ class LiveRequest:
     emit: Callable[[Sequence], bool]
     submitted: float = dataclasses.field(default_factory=time.monotonic)
     started: float | None = None  # first scheduled
+    grammar_state: int = 0  # automaton state of request.grammar after the generated tokens
+
+    def token_mask(self):
+        """The grammar's allowed-token words for the next token, or None."""
+        grammar = self.request.grammar
+        return None if grammar is None else grammar.mask(self.grammar_state)
+
+    def advance_grammar(self, token_id: int) -> bool:
+        """Move the grammar past a generated token; False if the grammar forbids it."""
+        grammar = self.request.grammar
+        if grammar is None:
+            return True
+        try:
+            self.grammar_state = grammar.advance(self.grammar_state, token_id)
+        except ValueError:  # GrammarError: the masked sampler should make this impossible
+            return False
+        return True
 
     def history(self) -> list[int]:
         """What the sampler needs: every id for penalties, the last one for a watermark."""
@@ -85,11 +102,12 @@ def admit(
 
 def can_run_ahead(rows: Sequence, lives: Sequence[LiveRequest | None]) -> bool:
     """A decode step whose next tokens need not be read first: every row decodes one token,
-    none needs its history on the host (penalties, watermark), none ends by length now."""
+    none needs its history on the host (penalties, watermark) or its grammar state (the next
+    mask depends on the token), none ends by length now."""
     for row, live in zip(rows, lives, strict=True):
         if live is None or row.is_prefill or len(row.token_ids) != 1:
             return False
-        if live.params.uses_penalties or live.params.watermark:
+        if live.params.uses_penalties or live.params.watermark or live.request.grammar:
             return False
         if len(live.seq.output_ids) + 1 >= live.seq.max_new_tokens:
             return False

@@ -1,7 +1,8 @@
 """The only module that compiles: one ahead-of-time executable per step shape, called directly.
 
 At start-up `compile_all` lowers and compiles the model step for every StepShape of the
-configured Buckets, and the sampler for every (R, L), so serving never traces or compiles.
+configured Buckets, the sampler for every (R, L) and the grammar mask for every R, so
+serving never traces or compiles.
 A restart loads them instead (CPU: serialized executables, executable_cache.py; GPU/TPU: JAX's
 persistent compilation cache, which still traces but skips XLA's compile). The KV pages are
 donated to each model step (updated in place, no copy). `run` dispatches a step
@@ -33,6 +34,7 @@ from tgix.engine.kv_cache import init_kv_pages
 from tgix.engine.request import SamplingParams
 from tgix.engine.sampling import SamplingArrays, sample, token_logprobs
 from tgix.engine.sampling_host import pack_history, pack_sampling
+from tgix.engine.token_mask import ALL_ALLOWED, apply_token_mask
 from tgix.models import LoadedModel
 from tgix.models.attention import METADATA_FIELDS, AttentionMetadata
 
@@ -100,6 +102,7 @@ class Runner:
         self._base_description: str | None = None
         self._model_exec: dict[StepShape, Callable] = {}
         self._sampler_exec: dict[tuple[int, int], Callable] = {}
+        self._mask_exec: dict[int, Callable] = {}
         self.compile_seconds = 0.0
         self.dispatched_at = 0.0  # monotonic time of the last model-step dispatch
 
@@ -182,24 +185,41 @@ class Runner:
             self._spec((rows, history)),
         )
 
+    def _compile_mask(self, rows: int):
+        def lower():
+            words = -(-self.cfg.vocab_size // 32)
+            return (
+                jax.jit(apply_token_mask)
+                .lower(
+                    self._spec((rows, self.cfg.vocab_size), jnp.float32),
+                    self._spec((rows, words), jnp.uint32),
+                )
+                .compile()
+            )
+
+        return self._executables.get_or_compile(self._describe("mask", rows), lower)
+
     def compile_all(self, progress: bool = True) -> float:
         """Compile every shape the buckets allow (a progress bar on stderr); returns seconds."""
         from tqdm import tqdm
 
         work = [("model", s) for s in self.config.buckets.model_shapes()]
         work += [("sampler", s) for s in self.config.buckets.sampler_shapes()]
+        work += [("mask", r) for r in sorted({r for r, _ in self.config.buckets.sampler_shapes()})]
         start = time.perf_counter()
         for kind, shape in tqdm(work, desc="compiling", unit="step", disable=not progress):
             if kind == "model" and shape not in self._model_exec:
                 self._model_exec[shape] = self._compile_model(shape)
             elif kind == "sampler" and shape not in self._sampler_exec:
                 self._sampler_exec[shape] = self._compile_sampler(*shape)
+            elif kind == "mask" and shape not in self._mask_exec:
+                self._mask_exec[shape] = self._compile_mask(shape)
         self.compile_seconds = time.perf_counter() - start
         return self.compile_seconds
 
     @property
     def num_executables(self) -> int:
-        return len(self._model_exec) + len(self._sampler_exec)
+        return len(self._model_exec) + len(self._sampler_exec) + len(self._mask_exec)
 
     def _model_for(self, shape: StepShape):
         if shape not in self._model_exec:  # only when compile_all was skipped (tests, tools)
@@ -213,6 +233,12 @@ class Runner:
             self._sampler_exec[rows, history] = self._compile_sampler(rows, history)
         return self._sampler_exec[rows, history]
 
+    def _mask_for(self, rows: int):
+        if rows not in self._mask_exec:
+            logger.warning("compiling grammar mask %d during serving", rows)
+            self._mask_exec[rows] = self._compile_mask(rows)
+        return self._mask_exec[rows]
+
     # -- serving ---------------------------------------------------------------------------------
 
     def run(
@@ -222,12 +248,14 @@ class Runner:
         *,
         prompt_logprobs: bool = False,
         device_token_ids: jax.Array | None = None,
+        token_masks: Sequence[np.ndarray | None] | None = None,
     ) -> StepOutput:
         """Dispatch one step: rows (ScheduledRow-like: token_ids, start_pos, pages) and one
         RowSampling per row. Returns device arrays; nothing waits for the device.
         `device_token_ids` [T] replaces the rows' ids with a device array (the previous decode
         step's sampled ids, same rows in the same order), so this step can be sent before
-        those ids are read back."""
+        those ids are read back. `token_masks`: per row a grammar's packed allowed-token
+        words [W] uint32, or None (unconstrained)."""
         page_size = self.config.page_size
         shape = self.config.buckets.shape_for(rows, all_logits=prompt_logprobs)
         packed = pack_step(
@@ -249,8 +277,9 @@ class Runner:
             sampler_host,
             positions,
             pack_history(histories, shape.num_rows, history_len),
+            self._pack_masks(token_masks, shape.num_rows),
         )
-        token_ids, md, logits_indices, arrays, positions, history = jax.device_put(
+        token_ids, md, logits_indices, arrays, positions, history, masks = jax.device_put(
             host, self._replicated
         )
         if device_token_ids is not None:
@@ -261,10 +290,22 @@ class Runner:
         logits, prompt_lp, self.kv = self._model_for(shape)(
             self._state, token_ids, self.kv, AttentionMetadata(**md), logits_indices
         )
+        if masks is not None:
+            logits = self._mask_for(shape.num_rows)(logits, masks)
         sampled = self._sampler_for(shape.num_rows, history_len)(
             logits, SamplingArrays(**arrays), positions, history
         )
         return StepOutput(*sampled, prompt_lp)
+
+    def _pack_masks(self, token_masks, num_rows: int) -> np.ndarray | None:
+        if not token_masks or all(m is None for m in token_masks):
+            return None
+        words = -(-self.cfg.vocab_size // 32)
+        packed = np.full((num_rows, words), ALL_ALLOWED, dtype=np.uint32)
+        for i, mask in enumerate(token_masks):
+            if mask is not None:
+                packed[i] = mask
+        return packed
 
     def _history_len(self, sampling: Sequence[RowSampling]) -> int:
         lengths = self.config.buckets.history

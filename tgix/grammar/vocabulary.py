@@ -56,11 +56,12 @@ class TokenVocabulary:
     def from_tokenizer(
         cls, tokenizer, *, eos_ids: Sequence[int] = (), size: int | None = None
     ) -> TokenVocabulary:
-        """From a transformers fast tokenizer. eos_ids default to its eos_token_id; size to
-        its length."""
+        """From a transformers fast tokenizer. eos_ids default to its eos_token_id. size: the
+        model's logit width (default: the tokenizer's length); ids past the tokenizer are
+        padding (no bytes), tokenizer ids past it can never be sampled (dropped)."""
         hf = getattr(tokenizer, "hf", tokenizer)  # tgix.tokenizer.Tokenizer or a HF one
         n = len(hf)
-        size = n if size is None else max(size, n)
+        size = n if size is None else size
         eos = tuple(eos_ids) or ((hf.eos_token_id,) if hf.eos_token_id is not None else ())
         decode = _token_decoder(hf)
         special = set(hf.all_special_ids)
@@ -73,7 +74,7 @@ class TokenVocabulary:
                 out.append(added[i].content.encode() or None)
             else:
                 out.append(decode(piece) or None)
-        out += [None] * (size - n)
+        out = (out + [None] * (size - n))[:size]
         for e in eos:
             if not 0 <= e < size:
                 raise ValueError(f"EOS id {e} is outside the vocabulary of {size}")
