@@ -64,7 +64,8 @@ class GrammarCompiler:
     ) -> GrammarCompiler:
         """tokenizer: a transformers fast tokenizer or tgix.tokenizer.Tokenizer; size: the
         model's logit width when larger than the tokenizer (padding ids are masked)."""
-        eos_ids = tuple(eos_ids) or tuple(getattr(tokenizer, "eos_token_ids", ()))
+        own = getattr(tokenizer, "eos_token_ids", ())  # tgix.tokenizer.Tokenizer's EOS ids
+        eos_ids = tuple(eos_ids) or (tuple(own) if isinstance(own, tuple | list) else ())
         vocab = TokenVocabulary.from_tokenizer(tokenizer, eos_ids=eos_ids, size=size)
         return cls(vocab, **kwargs)
 

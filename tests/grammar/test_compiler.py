@@ -1,0 +1,79 @@
+"""The compiler: worker processes give the same index as inline compiles, errors cross the
+process boundary as GrammarError, caches (memory and disk) hit, budgets end compiles."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from tgix import testing
+from tgix.grammar import GrammarCompiler, GrammarError, GrammarOptions, GrammarSpec
+
+DATE = GrammarSpec.regex(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok")
+    testing.write_test_tokenizer(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def same(a, b) -> bool:
+    return (a.masks == b.masks).all() and (a.dfa.table == b.dfa.table).all()
+
+
+def test_worker_process_matches_inline_and_reports_errors(tokenizer):
+    inline = GrammarCompiler.for_tokenizer(tokenizer, workers=0)
+    pooled = GrammarCompiler.for_tokenizer(tokenizer, workers=1)
+    try:
+        assert same(pooled.compile(DATE), inline.compile(DATE))
+        with pytest.raises(GrammarError, match="unsupported"):
+            pooled.compile(GrammarSpec.regex("a(?=b)"))
+        with pytest.raises(GrammarError, match="not supported"):
+            pooled.compile(GrammarSpec.json({"not": {"type": "string"}}))
+
+        async def together():
+            return await asyncio.gather(
+                *(pooled.compile_async(GrammarSpec.regex("x+y")) for _ in range(3))
+            )
+
+        first, *rest = asyncio.run(together())
+        assert all(r is first for r in rest)  # one compile, shared
+    finally:
+        pooled.close()
+
+
+def test_memory_and_disk_caches(tokenizer, tmp_path):
+    compiler = GrammarCompiler.for_tokenizer(tokenizer, workers=0, cache_dir=tmp_path)
+    index = compiler.compile(DATE)
+    assert compiler.compile(DATE) is index
+    assert len(list(tmp_path.glob("*.npz"))) == 1
+    fresh = GrammarCompiler.for_tokenizer(tokenizer, workers=0, cache_dir=tmp_path)
+    loaded = fresh.compile(DATE)
+    assert loaded is not index and same(loaded, index)
+    assert np.array_equal(loaded.row_of, index.row_of)
+    other_options = GrammarCompiler.for_tokenizer(
+        tokenizer, workers=0, cache_dir=tmp_path, options=GrammarOptions(whitespace=" ?")
+    )
+    assert other_options.key(DATE) != compiler.key(DATE)
+
+
+def test_time_and_state_budgets(tokenizer):
+    slow = GrammarCompiler.for_tokenizer(
+        tokenizer, workers=1, options=GrammarOptions(timeout_s=0.2)
+    )
+    small = GrammarCompiler.for_tokenizer(
+        tokenizer, workers=0, options=GrammarOptions(max_states=50)
+    )
+    try:
+        with pytest.raises(GrammarError, match="time budget"):
+            slow.compile(GrammarSpec.regex(r"[^\x00]{0,3000}"))
+        assert slow.compile(GrammarSpec.regex("[ab]")).num_states >= 1  # worker still serves
+        with pytest.raises(GrammarError, match="too large"):
+            small.compile(GrammarSpec.regex("[a-z]{0,100}"))
+    finally:
+        slow.close()
