@@ -11,7 +11,8 @@ holds one) or `{"type": "regex", "value": str}`. Shapes accepted:
   and `{"type": "text"}` (no grammar). TGI refuses these three.
 
 Unlike TGI, a JSON Schema needs no top-level `properties`: any schema the compiler supports
-is accepted, and one it does not support is a 422 naming the keyword. Compilation runs in
+is accepted, and one it does not support is a 422 naming the keyword. As in TGI, a top-level
+schema with `properties` and no `type` describes an object. Compilation runs in
 the compiler's worker processes, so a slow or failing grammar never blocks the event loop or
 other requests.
 """
@@ -87,6 +88,19 @@ def parse_response_format(fields: Fields, name: str) -> dict[str, Any] | None:
     return _tgi_grammar(g, kind)
 
 
+_SHAPED_BY = ("type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const", "not")
+
+
+def _as_tgi_reads(schema: Any) -> Any:
+    """TGI (outlines) turns a schema with `properties` into an object even without `type`, and
+    TGI's own example schemas leave it out; JSON Schema would also accept any non-object.
+    Read the top level TGI's way."""
+    shaped = isinstance(schema, dict) and any(k in schema for k in _SHAPED_BY)
+    if isinstance(schema, dict) and "properties" in schema and not shaped:
+        return {"type": "object", **schema}
+    return schema
+
+
 def _json_error(exc: json.JSONDecodeError) -> str:
     return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
 
@@ -104,7 +118,7 @@ def to_spec(grammar: dict[str, Any]) -> GrammarSpec:
             raise errors.validation(f"grammar is not valid: {_json_error(exc)}") from None
     if not isinstance(value, dict | bool):
         raise errors.validation("grammar is not supported")
-    return GrammarSpec.json(value)
+    return GrammarSpec.json(_as_tgi_reads(value))
 
 
 async def compile_grammar(compiler, disabled: bool, grammar: dict[str, Any]) -> Any:

@@ -6,7 +6,8 @@ and the id of the call it produces.
 `required` (every tool), `auto` / absent (every tool plus TGI's synthetic `no_tool`), `none`
 (no tools at all). Departures from TGI where TGI fails: a function without `parameters` takes
 no arguments (TGI: 422 "missing field"); the grammar requires the outer `function` key and
-nothing else (TGI's lets the model emit `{}`, which then fails to parse); a tool's `$defs`
+nothing else, and says `"type": "object"` at both levels (TGI's leaves the type to outlines,
+which assumes it, and lets the model emit `{}`, which then fails to parse); a tool's `$defs`
 are kept (renamed per tool), so nested models resolve.
 """
 
@@ -147,7 +148,7 @@ def _hoisted_defs(tools: list[Tool]) -> dict[str, Any]:
 
 def _function_schema(tool: Tool) -> dict[str, Any]:
     args = _relocate(tool.parameters, f"{tool.name}.")
-    schema: dict[str, Any] = {"description": tool.description or ""}
+    schema: dict[str, Any] = {"type": "object", "description": tool.description or ""}
     properties: dict[str, Any] = {"_name": {"type": "string", "const": tool.name}}
     required: list[Any] = ["_name"]
     if isinstance(args, dict):
@@ -165,6 +166,7 @@ def _function_schema(tool: Tool) -> dict[str, Any]:
 def grammar(tools: list[Tool]) -> dict[str, Any]:
     """The JSON grammar (normal form) for a call to one of `tools`."""
     schema = {
+        "type": "object",
         "$functions": {tool.name: _function_schema(tool) for tool in tools},
         "properties": {
             "function": {"anyOf": [{"$ref": f"#/$functions/{tool.name}"} for tool in tools]}

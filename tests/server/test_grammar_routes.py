@@ -32,6 +32,14 @@ GENERATE_GRAMMARS = [
     ({"type": "json_object", "value": SCHEMA}, GrammarSpec("json", SCHEMA_TEXT)),
     ({"type": "json", "value": {"type": "array"}}, GrammarSpec("json", '{"type":"array"}')),
     ({"type": "json", "value": True}, GrammarSpec("json", "true")),
+    (  # TGI's documented example has no "type": it is read as an object, as TGI does
+        {"type": "json", "value": {"properties": {"a": {"type": "string"}}}},
+        GrammarSpec("json", '{"type":"object","properties":{"a":{"type":"string"}}}'),
+    ),
+    (
+        {"type": "json", "value": {"anyOf": [{"type": "null"}], "properties": {}}},
+        GrammarSpec("json", '{"anyOf":[{"type":"null"}],"properties":{}}'),
+    ),
     (
         {"type": "json_schema", "value": {"name": "thing", "schema": SCHEMA, "strict": True}},
         GrammarSpec("json", SCHEMA_TEXT),

@@ -75,8 +75,10 @@ def test_the_engine_gets_the_tool_grammar_and_prompt(tool):
         f"<|user|>Weather in Paris?\n---\n{TOOLS_JSON}\n{DEFAULT_TOOL_PROMPT}\n<|assistant|>"
     )
     schema = {
+        "type": "object",
         "$functions": {
             "get_weather": {
+                "type": "object",
                 "description": "Get the weather",
                 "additionalProperties": False,
                 "properties": {

@@ -34,6 +34,7 @@ WEATHER = {
     },
 }
 WEATHER_SCHEMA = {
+    "type": "object",
     "description": "Get the weather",
     "additionalProperties": False,
     "properties": {
@@ -44,6 +45,7 @@ WEATHER_SCHEMA = {
     "required": ["_name", "city"],
 }
 NO_TOOL_SCHEMA = {
+    "type": "object",
     "description": "Open ended response with no specific tool selected",
     "additionalProperties": False,
     "properties": {"_name": {"type": "string", "const": "no_tool"}},
@@ -56,6 +58,7 @@ def _schema(functions: dict) -> dict:
     return {
         "type": "json",
         "value": {
+            "type": "object",
             "$functions": functions,
             "properties": {"function": {"anyOf": refs}},
             "required": ["function"],
@@ -88,6 +91,7 @@ def test_tool_schema_quirks():
     assert functions["g"]["additionalProperties"] is False
     assert functions["f"]["description"] == "" and functions["g"]["description"] == "d"
     assert functions["h"] == {
+        "type": "object",
         "description": "",
         "properties": {"_name": {"type": "string", "const": "h"}},
         "required": ["_name"],
