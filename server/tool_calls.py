@@ -49,12 +49,46 @@ def _try_call(text: str) -> tuple[str, dict[str, Any]] | None:
         return None
 
 
+def _open_container(text: str) -> tuple[str, str, bool]:
+    """At the end of truncated JSON: the innermost open container ("{", "[" or ""), the last
+    significant character, and whether the text ends inside a string."""
+    stack, last, in_string, escaped = [], "", False, False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch in "{[":
+            stack.append(ch)
+        elif ch in "}]" and stack:
+            stack.pop()
+        elif ch == '"':
+            in_string = True
+        if not ch.isspace():
+            last = ch
+    return (stack[-1] if stack else ""), last, in_string
+
+
+def _json_why(exc: json.JSONDecodeError, text: str) -> str:
+    """serde_json's wording when the text just stops (the usual case: `max_tokens`), else
+    Python's message; both with serde's "at line L column C"."""
+    if exc.pos < len(text.rstrip()) and not exc.msg.startswith("Unterminated string"):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    container, last, in_string = _open_container(text)
+    if in_string:
+        what = "a string"
+    elif last == ":" or (last in ",[" and container == "["):
+        what = "a value"
+    else:
+        what = {"{": "an object", "[": "a list"}.get(container, "a value")
+    line, column = text.count("\n") + 1, len(text) - (text.rfind("\n") + 1)
+    return f"EOF while parsing {what} at line {line} column {column}"
+
+
 def parse_call(text: str) -> tuple[str, dict[str, Any]]:
     """The called function's name and arguments, or TGI's 422 tool_error."""
     try:
         return _call(json.loads(text))
     except json.JSONDecodeError as exc:
-        why = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+        why = _json_why(exc, text)
     except ValueError as exc:
         why = str(exc)
     quoted = json.dumps(text, ensure_ascii=False)

@@ -103,3 +103,54 @@ def test_chat_response_format_and_the_tool_grammar_hold(live, http):
         ("set_unit", {"unit": "c"}),
         ("set_unit", {"unit": "f"}),
     )
+
+
+class _RendersTools:
+    """The session's engine behind a tokenizer whose chat template takes `tools` (so only the
+    short tool prompt is appended and a tool chat fits 40 input tokens)."""
+
+    def __init__(self, engine):
+        import copy
+
+        from tgix.testing import CHAT_TEMPLATE
+
+        self._engine = engine
+        self.tokenizer = copy.deepcopy(engine.tokenizer)
+        self.tokenizer.hf.chat_template = "{% if tools %}{% endif %}" + CHAT_TEMPLATE
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def test_chat_tool_calls_end_to_end(live):
+    """A tool without arguments keeps the answer inside this engine's 64 tokens however the
+    random model spells it."""
+    from openai import OpenAI
+
+    from server.app import build_app
+    from server.args import parse_args
+    from tests.server.conftest import LiveServer
+    from tests.server.real_engine import ARGV
+
+    app = build_app(_RendersTools(live.engine), parse_args(ARGV, environ={}))
+    server = LiveServer(app, live.engine)
+    try:
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="-")
+        request = dict(
+            model="tgi",
+            messages=[{"role": "user", "content": "Hi"}],
+            tools=[{"type": "function", "function": {"name": "u", "parameters": {}}}],
+            tool_choice="required",
+            extra_body={"tool_prompt": "T"},
+            temperature=0,
+        )
+        reply = client.chat.completions.create(**request)
+        (call,) = reply.choices[0].message.tool_calls
+        assert (call.id, call.function.name, call.function.arguments) == ("0", "u", "{}")
+        assert reply.choices[0].message.content is None
+        chunks = list(client.chat.completions.create(**request, stream=True))
+        assert chunks[0].choices[0].delta.tool_calls[0].function.name == "u"
+        assert chunks[0].choices[0].delta.tool_calls[0].function.arguments == "{"
+        assert all(c.choices[0].finish_reason is None for c in chunks)  # as TGI
+    finally:
+        server.stop()

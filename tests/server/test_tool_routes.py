@@ -173,8 +173,8 @@ def test_an_answer_that_is_not_a_call_is_a_tool_error(tool):
     assert (r.status_code, r.json()) == (
         422,
         {
-            "error": "Tool error: Failed to parse generated text: Expecting value at line 1 "
-            'column 13 "{\\"function\\":"',
+            "error": "Tool error: Failed to parse generated text: EOF while parsing a value at "
+            'line 1 column 12 "{\\"function\\":"',
             "error_type": "tool_error",
         },
     )

@@ -149,8 +149,19 @@ def test_parse_call():
     text = '{"function": {"_name": "get_weather", "unit": "c", "city": "Paris"}}'
     assert parse_call(text) == ("get_weather", {"unit": "c", "city": "Paris"})
     cases = [
-        ('{"function":', 'Expecting value at line 1 column 13 "{\\"function\\":"'),
+        ('{"function":', 'EOF while parsing a value at line 1 column 12 "{\\"function\\":"'),
         ("[1]", 'invalid type: sequence, expected struct Call "[1]"'),
+        (
+            '{"function": {"_name": "f", "a',
+            "EOF while parsing a string at line 1 column 30 "
+            '"{\\"function\\": {\\"_name\\": \\"f\\", \\"a"',
+        ),  # fmt: skip
+        (
+            '{"function": {"_name": "f",',
+            "EOF while parsing an object at line 1 column 27 "
+            '"{\\"function\\": {\\"_name\\": \\"f\\","',
+        ),  # fmt: skip
+        ("x", 'Expecting value at line 1 column 1 "x"'),
         ('{"f": 1}', 'missing field `function` "{\\"f\\": 1}"'),
         ('{"function": {"a": 1}}', 'missing field `_name` "{\\"function\\": {\\"a\\": 1}}"'),
     ]
