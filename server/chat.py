@@ -25,6 +25,9 @@ from server.tools import DEFAULT_TOOL_PROMPT, Tool
 
 @dataclass(slots=True, kw_only=True)
 class ChatRequest:
+    """A parsed chat request: the messages for the template, the generation parameters, and
+    what shapes the answer (stream options, logprobs, tools, response_format)."""
+
     model: str | None
     messages: list[dict[str, Any]]  # {"role", "content"} ready for the template
     params: GenerateParams
