@@ -17,6 +17,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_numbers import canonical_number_text
 from tgix.grammar.options import GrammarOptions
 from tgix.grammar.regex_tree import Alt, Both, Minus, Node, Regex, Repeat, alt, literal, seq
@@ -93,6 +94,24 @@ def both(*parts: Node) -> Node:
         return NEVER
     unique = list(dict.fromkeys(parts))
     return unique[0] if len(unique) == 1 else Both(tuple(unique))
+
+
+def prune_empty(node: Node, budget: int = 4000) -> Node:
+    """NEVER if the node's language is empty, else the node. Intersections and differences
+    can be empty (a pattern longer than maxLength, an enum none of whose values passes the
+    other keywords, a oneOf branch inside another); the automaton rejects an empty language,
+    so such nodes are tested by building their (small) automaton. Past `budget` states the
+    node is kept as it is."""
+    if not isinstance(node, Both | Minus):
+        return node
+    from tgix.grammar.automaton import build_dfa
+
+    try:
+        build_dfa(node, budget)
+    except GrammarError as e:
+        if "matches no string" in str(e):
+            return NEVER
+    return node
 
 
 def minus(keep: Node, drop: Node) -> Node:

@@ -32,7 +32,16 @@ from urllib.parse import unquote, urljoin
 
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_arrays import array_node
-from tgix.grammar.json_common import NEVER, Context, both, json_type, minus, union
+from tgix.grammar.json_common import (
+    NEVER,
+    Context,
+    both,
+    cat,
+    json_type,
+    minus,
+    prune_empty,
+    union,
+)
 from tgix.grammar.json_common import value_literal as _value_literal
 from tgix.grammar.json_compose import (
     Merger,
@@ -226,6 +235,8 @@ class _Converter:
         for keyword in UNSUPPORTED:
             if keyword in schema:
                 raise unsupported(keyword)
+        if not _asserts(schema):
+            return self.any_value()
         if "$ref" in schema:
             siblings = {k: v for k, v in schema.items() if k != "$ref"}
             if self.draft <= 7 or not _asserts(siblings):
@@ -315,7 +326,7 @@ class _Converter:
                     raise unsupported("oneOf", f": branches {i} and {j} may overlap")
         finally:
             self.canonical = saved
-        return minus(keep, union(*drops))
+        return prune_empty(minus(keep, union(*drops)))
 
     # --- types ------------------------------------------------------------------------
 
@@ -352,11 +363,12 @@ class _Converter:
         if not rest or node == NEVER:
             return node
         rest["type"] = sorted(value_types)
-        return both(node, self.compile_plain(rest))
+        return prune_empty(both(node, self.compile_plain(rest)))
 
     def number(self, schema: dict, integer: bool) -> Node:
         """Integers or numbers within the bounds and multiples; bounded ones (and all in
-        canonical mode) without an exponent."""
+        canonical mode) without an exponent. Integers may end in `.0` (JSON Schema: a number
+        with a zero fraction is an integer) except in canonical mode."""
         lo, lo_strict, hi, hi_strict = numeric_bounds(schema)
         parts: list[Node] = []
         if lo is not None or hi is not None:
@@ -378,7 +390,8 @@ class _Converter:
                 parts.append(Regex(CANONICAL_INTEGER if self.canonical else INTEGER))
             else:
                 parts.append(Regex(CANONICAL_NUMBER if self.canonical else NUMBER))
-        return both(*parts)
+        node = prune_empty(both(*parts))
+        return cat(node, Regex(r"(?:\.0+)?")) if integer and not self.canonical else node
 
     def array(self, schema: dict) -> Node:
         if "unevaluatedItems" in schema and "items" not in schema:

@@ -14,7 +14,15 @@ bounds are common in real schemas.
 from __future__ import annotations
 
 from tgix.grammar.errors import GrammarError
-from tgix.grammar.json_common import CANONICAL_UNIT, STRING_UNIT, Context, both, cat, repeat
+from tgix.grammar.json_common import (
+    CANONICAL_UNIT,
+    STRING_UNIT,
+    Context,
+    both,
+    cat,
+    prune_empty,
+    repeat,
+)
 from tgix.grammar.json_formats import format_regex
 from tgix.grammar.json_pattern import pattern_regex
 from tgix.grammar.regex_tree import Node, Regex, literal
@@ -65,7 +73,7 @@ def string_node(schema: dict, ctx: Context, canonical: bool) -> Node:
     unit = CANONICAL_UNIT if canonical or parts else STRING_UNIT
     if lo or hi is not None or not parts:
         parts.append(repeat(Regex(unit), lo, hi) if (lo, hi) != (0, None) else Regex(unit + "*"))
-    return cat(literal('"'), both(*parts), literal('"'))
+    return cat(literal('"'), prune_empty(both(*parts)), literal('"'))
 
 
 def key_node(ctx: Context) -> Node:

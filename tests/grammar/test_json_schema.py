@@ -1,0 +1,480 @@
+"""JSON Schema -> regex tree -> byte DFA: per feature, valid instances accepted and invalid
+ones rejected (checked against `jsonschema` too), unsupported keywords raise by name."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+
+import pytest
+
+from tests.grammar.json_helpers import accepts_text, check, grammar, notes, texts
+from tgix.grammar.automaton import build_dfa
+from tgix.grammar.errors import GrammarError
+from tgix.grammar.json_schema import schema_to_tree
+from tgix.grammar.options import GrammarOptions
+from tgix.grammar.regex_tree import to_regex
+
+STRICT = GrammarOptions(strict=True)
+
+
+# --- types --------------------------------------------------------------------------------
+
+
+def test_scalar_types():
+    check({"type": "string"}, valid=["", "a b", "é"], invalid=[1, None])
+    check({"type": "integer"}, valid=[0, -7, 123456789012345678901], invalid=[1.5, "1", True])
+    check({"type": "number"}, valid=[0, -7, 1.5, 1e-7, 2.5e300], invalid=["1", None, False])
+    check({"type": "boolean"}, valid=[True, False], invalid=[0, "true", None])
+    check({"type": "null"}, valid=[None], invalid=[0, "", False])
+
+
+def test_type_array_and_integer_inside_number():
+    check({"type": ["string", "null"]}, valid=["x", None], invalid=[1, True, []])
+    check({"type": ["integer", "number"]}, valid=[1, 1.5], invalid=["1"])
+    check({"type": ["integer", "boolean"]}, valid=[3, True], invalid=[3.5, None])
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("0", True),
+        ("-0", True),
+        ("01", False),
+        ("1.", False),
+        (".5", False),
+        ("1e5", True),
+        ("1E+5", True),
+        ("1.5e-3", True),
+        ("-", False),
+        ("+1", False),
+        ("1e", False),
+    ],
+)
+def test_number_text_follows_json_grammar(text, ok):
+    assert accepts_text({"type": "number"}, text) is ok
+
+
+def test_no_whitespace_outside_the_top_level_value():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert accepts_text(schema, '{"a": 1}')
+    assert not accepts_text(schema, ' {"a": 1}')
+    assert not accepts_text(schema, '{"a": 1} ')
+    assert not accepts_text(schema, '{"a" : 1}')  # no whitespace before ':'
+    assert not accepts_text(schema, '{"a":  1}')  # default whitespace is at most one space
+
+
+def test_custom_whitespace_pattern():
+    options = GrammarOptions(whitespace=r"[ \n]{0,3}")
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {}}}}
+    pretty = json.dumps({"a": [1, 2]}, indent=1)
+    assert accepts_text(schema, pretty, options)
+    assert not accepts_text(schema, pretty)
+
+
+# --- objects ------------------------------------------------------------------------------
+
+
+def test_optional_properties_every_subset_in_schema_order():
+    names = ["a", "b", "c", "d"]
+    schema = {
+        "type": "object",
+        "properties": {n: {"type": "integer"} for n in names},
+        "required": ["c"],
+        "additionalProperties": False,
+    }
+    for size in range(len(names) + 1):
+        for subset in itertools.combinations(names, size):
+            value = {n: 1 for n in subset}
+            ok = "c" in subset
+            for text in texts(value):
+                assert accepts_text(schema, text) is ok, text
+    # declared order is the generation order; no stray commas
+    for text in [
+        '{"c": 1, "a": 1}',
+        '{, "c": 1}',
+        '{"c": 1,}',
+        '{"a": 1 "c": 1}',
+        '{"c":1,,"d":1}',
+    ]:
+        assert not accepts_text(schema, text), text
+
+
+def test_many_optional_properties_stay_linear():
+    """60 optional properties: the tree grows linearly and the DFA builds quickly."""
+
+    def size(n):
+        schema = {
+            "type": "object",
+            "properties": {f"p{i}": {"type": "boolean"} for i in range(n)},
+            "additionalProperties": False,
+        }
+        return schema, len(to_regex(schema_to_tree(schema)[0]))
+
+    (schema, s60), (_, s30) = size(60), size(30)
+    assert s60 < 2.2 * s30
+    t0 = time.monotonic()
+    dfa = build_dfa(schema_to_tree(schema)[0])
+    assert time.monotonic() - t0 < 10
+    assert dfa.accepts(b'{"p3": true, "p59": false}')
+    assert not dfa.accepts(b'{"p59": false, "p3": true}')
+    assert dfa.accepts(b"{}")
+
+
+def test_additional_properties_default_true_and_after_declared():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    check(schema, valid=[{"a": 1}, {"a": 1, "x": [1, {"y": None}]}], invalid=[{"a": "s"}, {}])
+    assert not accepts_text(schema, '{"x": 2, "a": 1}')  # extras come after declared ones
+
+
+def test_extra_keys_must_differ_from_declared_names():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+    assert accepts_text(schema, '{"a": 1, "ab": "x"}')
+    assert not accepts_text(schema, '{"a": 1, "a": "x"}')
+    assert not accepts_text(schema, '{"a": 1, "b": "x", "a": 2}')
+    assert not accepts_text(schema, '{"b": "x"}'.replace('"b": "x"', '"a": "s"'))
+
+
+def test_additional_properties_false_schema_and_strict():
+    closed = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    check(closed, valid=[{}, {"a": 1}], invalid=[{"a": 1, "b": 2}, {"b": 2}])
+    typed = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "additionalProperties": {"type": "string"},
+    }
+    check(typed, valid=[{"a": 1, "z": "s", "y": ""}, {"q": "s"}], invalid=[{"a": 1, "z": 2}])
+    open_ = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert accepts_text(open_, '{"a": 1, "b": 2}')
+    assert not accepts_text(open_, '{"a": 1, "b": 2}', STRICT)
+    assert accepts_text(open_, '{"a": 1}', STRICT)
+
+
+def test_map_objects_and_property_counts():
+    check(
+        {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1},
+        valid=[{"a": 1}, {"a": 1, "b": 2}],
+        invalid=[{}, {"a": "x"}],
+    )
+    check(
+        {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 2},
+        valid=[{}, {"a": 1, "b": 2}],
+        invalid=[{"a": 1, "b": 2, "c": 3}],
+    )
+    check(
+        {"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 1},
+        valid=[{"a": 1}, {"b": 2}, {"a": 1, "b": 2}, {"a": 1, "c": 3}],
+        invalid=[{}],
+    )
+    with pytest.raises(GrammarError, match="minProperties"):
+        schema_to_tree({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 2})
+
+
+def test_required_property_not_declared_and_false_properties():
+    check(
+        {"type": "object", "required": ["id"], "additionalProperties": {"type": "integer"}},
+        valid=[{"id": 1}, {"id": 1, "x": 2}],
+        invalid=[{}, {"id": "x"}],
+    )
+    check(
+        {"type": "object", "properties": {"a": False, "b": {"type": "null"}}},
+        valid=[{}, {"b": None}, {"c": 1}],
+        invalid=[{"a": 1}, {"b": None, "a": 1}],
+    )
+    with pytest.raises(GrammarError, match="admits no value"):
+        schema_to_tree({"type": "object", "properties": {"a": False}, "required": ["a"]})
+
+
+def test_pattern_properties():
+    schema = {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}},
+        "patternProperties": {"^x-": {"type": "string"}},
+        "additionalProperties": False,
+    }
+    check(schema, valid=[{"id": 1, "x-a": "s"}, {"x-": ""}], invalid=[{"x-a": 1}, {"y": "s"}])
+
+
+# --- enum / const -------------------------------------------------------------------------
+
+
+def test_enum_of_any_json_values():
+    values = ['say "hi"', "back\\slash", "tab\t", "ctl\x01", "é😀", 1, 2.5, None, True]
+    values += [{"k": [1, "x"]}, [], {}, [None, {"a": False}]]
+    check({"enum": values}, valid=values, invalid=["say hi", 3, False, {"k": [1]}, [None]])
+    # strings are spelled exactly as json.dumps(ensure_ascii=False) does
+    assert accepts_text({"enum": ["é"]}, '"é"')
+    assert not accepts_text({"enum": ["é"]}, '"\\u00e9"')
+
+
+def test_enum_numbers_by_value_and_booleans_distinct():
+    check({"enum": [1]}, valid=[1, 1.0], invalid=[True, 2])
+    check({"const": 2.0}, valid=[2], invalid=[2.5])
+    check({"const": False}, valid=[False], invalid=[0])
+    check({"enum": ["a", 1, None], "type": "string"}, valid=["a"], invalid=[1, None])
+    check({"enum": ["a", "abc"], "maxLength": 2}, valid=["a"], invalid=["abc"])
+
+
+# --- $ref ---------------------------------------------------------------------------------
+
+
+def test_local_refs_defs_definitions_and_pointer_escapes():
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"$ref": "#/$defs/pos"},
+            "b": {"$ref": "#/definitions/a~1b"},
+            "c": {"$ref": "#/definitions/t~0x%20y"},
+        },
+        "$defs": {"pos": {"type": "integer", "minimum": 1}},
+        "definitions": {"a/b": {"type": "string"}, "t~x y": {"type": "boolean"}},
+    }
+    check(schema, valid=[{"a": 1, "b": "s", "c": True}], invalid=[{"a": 0}, {"b": 1}, {"c": 1}])
+
+
+def test_recursive_ref_unrolled_and_reported():
+    schema = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "v": {"type": "integer"},
+                    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                },
+                "required": ["v"],
+                "additionalProperties": False,
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    deep = {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]}
+    check(schema, valid=[{"v": 1}, deep], invalid=[{"kids": []}, {"v": 1, "kids": [{}]}])
+    assert any("#/$defs/node" in n and "depth 3" in n for n in notes(schema))
+    too_deep = {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3, "kids": [{"v": 4}]}]}]}
+    assert not accepts_text(schema, json.dumps(too_deep))
+    two = GrammarOptions(max_recursion_depth=2)
+    assert not accepts_text(schema, json.dumps(deep), two)
+
+
+def test_root_recursion_and_recursion_without_alternative():
+    linked = {
+        "type": "object",
+        "properties": {"next": {"$ref": "#"}},
+        "additionalProperties": False,
+    }
+    check(linked, valid=[{}, {"next": {"next": {}}}], invalid=[{"next": 1}])
+    endless = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
+    with pytest.raises(GrammarError, match="recursive"):
+        schema_to_tree(endless)
+
+
+def test_ref_errors():
+    with pytest.raises(GrammarError, match="external"):
+        schema_to_tree({"$ref": "https://example.com/other.json"})
+    with pytest.raises(GrammarError, match="does not resolve"):
+        schema_to_tree({"$ref": "#/$defs/missing"})
+
+
+def test_ref_siblings_intersected_from_2019_and_ignored_in_draft7():
+    defs = {"$defs": {"s": {"type": "string"}}}
+    modern = {"$ref": "#/$defs/s", "maxLength": 2, **defs}
+    check(modern, valid=["ab"], invalid=["abc", 1])
+    draft7 = {"$schema": "http://json-schema.org/draft-07/schema#", **modern}
+    check(draft7, valid=["ab", "abc"], invalid=[1])
+
+
+def test_anchor_and_embedded_id():
+    schema = {
+        "$id": "https://example.com/root.json",
+        "type": "array",
+        "items": {"$ref": "item.json"},
+        "$defs": {"item": {"$id": "item.json", "$anchor": "it", "type": "integer"}},
+    }
+    check(schema, valid=[[1, 2]], invalid=[["x"]])
+    anchored = {"$ref": "#it", "$defs": {"i": {"$anchor": "it", "type": "null"}}}
+    check(anchored, valid=[None], invalid=[0])
+
+
+# --- arrays -------------------------------------------------------------------------------
+
+
+def test_items_and_counts():
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3}
+    check(schema, valid=[[1], [1, 2, 3]], invalid=[[], [1, 2, 3, 4], ["x"], [1, "x"]])
+    check({"type": "array"}, valid=[[], [1, "a", None, [2], {"b": []}]], invalid=[{}])
+    check({"type": "array", "items": False}, valid=[[]], invalid=[[1]])
+
+
+def test_prefix_items_and_draft7_tuples():
+    schema = {
+        "type": "array",
+        "prefixItems": [{"type": "string"}, {"type": "integer"}],
+        "items": False,
+        "minItems": 1,
+    }
+    check(schema, valid=[["a"], ["a", 1]], invalid=[[], [1], ["a", 1, 2], ["a", "b"]])
+    rest = {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "null"}}
+    check(rest, valid=[[], ["a"], ["a", None, None]], invalid=[[None], ["a", 1]])
+    draft7 = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "array",
+        "items": [{"type": "boolean"}, {"type": "null"}],
+        "additionalItems": {"type": "integer"},
+        "minItems": 2,
+    }
+    check(draft7, valid=[[True, None], [True, None, 5, 6]], invalid=[[True], [True, None, "x"]])
+
+
+def test_large_max_items_is_capped_and_reported():
+    schema = {"type": "array", "items": {"type": "integer"}, "maxItems": 1000}
+    assert any("maxItems 1000" in n for n in notes(schema))
+    assert accepts_text(schema, json.dumps(list(range(10))))
+
+
+# --- composition --------------------------------------------------------------------------
+
+
+def test_any_of_and_siblings_merged_into_branches():
+    schema = {
+        "type": "object",
+        "required": ["kind"],
+        "anyOf": [
+            {"properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}},
+            {"properties": {"kind": {"const": "b"}, "y": {"type": "string"}}},
+        ],
+    }
+    check(
+        schema,
+        valid=[{"kind": "a", "x": 1}, {"kind": "b", "y": "s"}, {"kind": "a"}],
+        invalid=[{"x": 1}, {"kind": "a", "x": "s"}, {"kind": "c"}, "s"],
+    )
+
+
+def test_one_of_disjoint_types_and_discriminators():
+    check({"oneOf": [{"type": "string"}, {"type": "integer"}]}, valid=["a", 1], invalid=[None])
+    tagged = {
+        "oneOf": [
+            {"type": "object", "properties": {"t": {"const": 1}}, "required": ["t"]},
+            {"type": "object", "properties": {"t": {"const": 2}}, "required": ["t"]},
+        ]
+    }
+    check(tagged, valid=[{"t": 1}, {"t": 2}], invalid=[{"t": 3}, {}])
+
+
+def test_one_of_overlapping_scalars_subtracted():
+    """integer is inside number: oneOf accepts only non-integral numbers (1.0 is an integer
+    for JSON Schema, so it is rejected too)."""
+    schema = {"oneOf": [{"type": "integer"}, {"type": "number"}]}
+    check(schema, valid=[1.5, -0.25], invalid=[1, 0, 1.0])
+    strings = {"oneOf": [{"type": "string", "maxLength": 3}, {"type": "string", "pattern": "^a"}]}
+    check(strings, valid=["xy", "abcd"], invalid=["ab", 5])
+
+
+def test_one_of_overlapping_objects_exclude_other_required_keys():
+    schema = {
+        "oneOf": [
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]},
+        ]
+    }
+    check(schema, valid=[{"a": 1}, {"b": 2}, {"a": 1, "c": 0}], invalid=[{"a": 1, "b": 2}, {}])
+    assert any("oneOf" in n for n in notes(schema))
+
+
+def test_one_of_that_cannot_be_separated_errors():
+    same = {
+        "oneOf": [
+            {"type": "object", "properties": {"a": {"type": "integer"}}},
+            {"type": "object", "properties": {"b": {"type": "string"}}},
+        ]
+    }
+    with pytest.raises(GrammarError, match="oneOf"):
+        schema_to_tree(same)
+
+
+def test_all_of_merges_objects_and_intersects_strings():
+    schema = {
+        "$defs": {
+            "base": {
+                "type": "object",
+                "properties": {"id": {"type": "integer"}},
+                "required": ["id"],
+            }
+        },
+        "allOf": [
+            {"$ref": "#/$defs/base"},
+            {"properties": {"name": {"type": "string"}}, "required": ["name"]},
+        ],
+    }
+    check(schema, valid=[{"id": 1, "name": "x"}], invalid=[{"id": 1}, {"name": "x"}])
+    closed = {
+        "allOf": [
+            {"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+            {"properties": {"b": {}}},
+        ]
+    }
+    check(closed, valid=[{}, {"a": 1}], invalid=[{"b": 1}, {"a": 1, "b": 1}])
+    strings = {"allOf": [{"type": "string", "pattern": "^[a-z]+$"}, {"maxLength": 3}]}
+    check(strings, valid=["abc"], invalid=["abcd", "ab1", ""])
+    ranges = {"allOf": [{"minimum": 0}, {"exclusiveMaximum": 10}, {"type": "integer"}]}
+    check(ranges, valid=[0, 9], invalid=[-1, 10])
+
+
+def test_boolean_schemas_and_empty_schema():
+    check(True, valid=[1, "a", None, [1], {"a": {"b": 1}}], invalid=[])
+    check({}, valid=[[], {}, 0.5], invalid=[])
+    with pytest.raises(GrammarError, match="admits no value"):
+        schema_to_tree(False)
+    check({"type": "object", "properties": {"a": True}}, valid=[{"a": [1]}], invalid=[])
+    depth = GrammarOptions(any_value_depth=1)
+    assert accepts_text({}, "[[1]]", depth) is False
+    assert accepts_text({}, "[1]", depth)
+
+
+# --- keywords -----------------------------------------------------------------------------
+
+
+def test_annotations_and_unknown_keywords_are_ignored():
+    schema = {
+        "title": "t",
+        "description": "d",
+        "default": 1,
+        "examples": [1],
+        "$comment": "c",
+        "deprecated": True,
+        "readOnly": True,
+        "x-vendor": {"anything": 1},
+        "type": "integer",
+    }
+    check(schema, valid=[1], invalid=["1"])
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword"),
+    [
+        ({"not": {"type": "string"}}, "not"),
+        ({"if": {"type": "string"}, "then": {"minLength": 1}}, "if"),
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"type": "array", "contains": {"type": "integer"}}, "contains"),
+        ({"type": "object", "propertyNames": {"maxLength": 3}}, "propertyNames"),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
+        ({"$dynamicRef": "#meta"}, "$dynamicRef"),
+        ({"type": "integer", "multipleOf": 3}, "multipleOf"),
+        ({"type": "string", "format": "color"}, "color"),
+        ({"type": "string", "pattern": "(?=a)"}, "lookahead"),
+    ],
+)
+def test_unsupported_keywords_raise_by_name(schema, keyword):
+    with pytest.raises(GrammarError, match=keyword.replace("$", r"\$")):
+        schema_to_tree(schema)
+
+
+def test_keywords_of_other_types_do_not_apply():
+    schema = {"type": ["string", "integer"], "minLength": 2, "minimum": 5, "uniqueItems": True}
+    check(schema, valid=["ab", 5], invalid=["a", 4])
+    assert grammar(schema)[0].num_states > 0
