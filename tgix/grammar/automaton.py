@@ -8,6 +8,7 @@ that cannot reach an accepting state are removed: a dead transition is -1.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -93,6 +94,7 @@ def _determinise(nfa: Nfa, entry: int, exit_: int, max_states: int, deadline: fl
         return closures[s]
 
     start = closure(entry)
+    closed: dict[frozenset[int], frozenset[int]] = {}  # targets of a move -> their closure
     ids, sets, rows = {start: 0}, [start], []
     num_classes = int(class_of[-1]) + 1
     while len(rows) < len(sets):
@@ -100,38 +102,60 @@ def _determinise(nfa: Nfa, entry: int, exit_: int, max_states: int, deadline: fl
             raise GrammarError(f"grammar too large (more than {max_states} automaton states)")
         if len(rows) % 256 == 0:
             check_deadline(deadline)
-        targets: dict[int, set[int]] = {}
+        targets: dict[int, list[int]] = {}
         for s in sets[len(rows)]:
             for c, ts in moves[s].items():
-                targets.setdefault(c, set()).update(ts)
+                targets.setdefault(c, []).extend(ts)
         row = [DEAD] * num_classes
         for c, ts in targets.items():
-            key = frozenset().union(*(closure(t) for t in ts))
+            moved = frozenset(ts)
+            key = closed.get(moved)
+            if key is None:
+                key = closed[moved] = frozenset().union(*(closure(t) for t in moved))
             if key not in ids:
                 ids[key] = len(sets)
                 sets.append(key)
             row[c] = ids[key]
         rows.append(row)
     accepting = np.array([exit_ in s for s in sets], dtype=bool)
-    return minimise(np.array(rows, dtype=np.int32).reshape(-1, num_classes), class_of, accepting)
+    table_c = np.array(rows, dtype=np.int32).reshape(-1, num_classes)
+    return minimise(table_c, class_of, accepting, deadline)
 
 
-def minimise(table_c: np.ndarray, class_of: np.ndarray, accepting: np.ndarray) -> ByteDFA:
+def _refine(full: np.ndarray, accepting: np.ndarray, deadline: float) -> np.ndarray:
+    """Moore partition refinement: block id per state of the coarsest partition that
+    separates accepting states and is stable under every class. Each round groups states by
+    (block, block of each successor) via a 64-bit hash of that row, checked exactly (a
+    collision falls back to sorting the rows), so rounds stay O(S * C)."""
+    multipliers = np.random.default_rng(0).integers(1, 2**62, full.shape[1] + 1, dtype=np.uint64)
+    part = np.append(accepting, False).astype(np.int64)
+    count = len(np.unique(part))
+    while True:
+        check_deadline(deadline)
+        rows = np.column_stack([part, part[full]])
+        digest = (rows.astype(np.uint64) * (multipliers | np.uint64(1))).sum(axis=1)
+        _, first, new = np.unique(digest, return_index=True, return_inverse=True)
+        new = new.reshape(-1)
+        if not (rows == rows[first[new]]).all():
+            _, new = np.unique(rows, axis=0, return_inverse=True)
+            new = new.reshape(-1)
+        new_count = int(new.max()) + 1
+        part = new
+        if new_count == count:
+            return part
+        count = new_count
+
+
+def minimise(
+    table_c: np.ndarray, class_of: np.ndarray, accepting: np.ndarray, deadline: float = math.inf
+) -> ByteDFA:
     """Moore refinement over table_c [S, C] (-1 dead), then co-reachability pruning and
     breadth-first renumbering from state 0."""
     num = table_c.shape[0]
     dead = num  # an explicit sink so every row is total
     full = np.vstack([np.where(table_c < 0, dead, table_c), np.full((1, table_c.shape[1]), dead)])
-    part = np.append(accepting, False).astype(np.int64)
-    count = len(np.unique(part))
-    while True:
-        signature = np.column_stack([part, part[full]])
-        _, part = np.unique(signature, axis=0, return_inverse=True)
-        part = part.reshape(-1)
-        new_count = int(part.max()) + 1
-        if new_count == count:
-            break
-        count = new_count
+    part = _refine(full, accepting, deadline)
+    count = int(part.max()) + 1
     sink = part[dead]
     # BFS renumbering over byte classes in order; the sink class (which also holds every
     # state that cannot reach acceptance) becomes DEAD.

@@ -39,12 +39,13 @@ class TokenIndex:
         self.eos_ids = frozenset(vocab.eos_ids)
         self._table = dfa.table
         self._next: dict[tuple[int, int], int] = {}
-        counts = np.unpackbits(masks.view(np.uint8), axis=1).sum(axis=1)
-        first = _first_set_bit(masks)
+        counts = np.bitwise_count(masks).sum(axis=1)
         eos_any = np.zeros(len(masks), dtype=bool)
         for e in vocab.eos_ids:
             eos_any |= (masks[:, e // 32] >> np.uint32(e % 32)) & 1 == 1
-        self._forced = np.where((counts == 1) & ~eos_any, first, -1)
+        self._forced = np.full(len(masks), -1, dtype=np.int64)
+        single = np.flatnonzero((counts == 1) & ~eos_any)
+        self._forced[single] = _first_set_bit(masks[single])
 
     @property
     def num_states(self) -> int:
@@ -106,19 +107,25 @@ def build_index(
     class_of = class_of.reshape(-1)
     table_c = np.ascontiguousarray(columns.T)  # [S, C]
     trie = collapse(byte_trie, class_of.astype(np.int32))
-    walker = _Walker(table_c, trie)
-    ends: dict[int, np.ndarray] = {}  # state -> [T] end state per token (int32, DEAD)
+    width = -(-vocab.size // 32)
+    walker = _Walker(table_c, trie, width * 32)
+    ends: dict[int, np.ndarray] = {}  # state -> [W * 32] end state per token id (DEAD: none)
+    successors: dict[int, np.ndarray] = {}  # state -> distinct end states
+    marks = np.zeros(dfa.num_states + 1, dtype=bool)  # index -1 (DEAD) is the spare slot
     frontier = [0]
     while frontier:
-        check_deadline(deadline)
         for batch in walker.batches(frontier):
+            check_deadline(deadline)
             for s, row in zip(batch, walker.walk(batch), strict=True):
                 ends[s] = row
-        seen = set(ends)
-        frontier = sorted(
-            {int(e) for s in frontier for e in np.unique(ends[s]) if e != DEAD} - seen
-        )
-    live = _live_states(ends, dfa.accepting)
+                marks[row] = True
+                successors[s] = np.flatnonzero(marks[:-1])
+                marks[:] = False
+        new = set()
+        for s in frontier:
+            new.update(successors[s].tolist())
+        frontier = sorted(new - ends.keys())
+    live = _live_states(successors, dfa.accepting)
     if 0 not in live:
         raise GrammarError("this model's vocabulary cannot produce any string of the grammar")
     states = sorted(live)
@@ -126,16 +133,19 @@ def build_index(
     row_of[states] = np.arange(len(states), dtype=np.int32)
     live_mask = np.zeros(dfa.num_states + 1, dtype=bool)  # index -1 (DEAD) stays False
     live_mask[states] = True
-    width = -(-vocab.size // 32)
     masks = np.zeros((len(states), width), dtype=np.uint32)
-    token_ids = trie.token_ids
+    eos = list(vocab.eos_ids)
     for lo in range(0, len(states), 256):
+        check_deadline(deadline)
         chunk = states[lo : lo + 256]
-        allowed = np.zeros((len(chunk), width * 32), dtype=bool)
+        allowed = np.empty((len(chunk), width * 32), dtype=bool)
         for i, s in enumerate(chunk):
-            allowed[i, token_ids] = live_mask[ends[s]]
+            if live_mask[successors[s]].all():  # the usual case: no token leads to a dead end
+                np.greater_equal(ends[s], 0, out=allowed[i])
+            else:
+                np.take(live_mask, ends[s], out=allowed[i])
             if dfa.accepting[s]:
-                allowed[i, list(vocab.eos_ids)] = True
+                allowed[i, eos] = True
         masks[lo : lo + len(chunk)] = np.packbits(allowed, axis=1, bitorder="little").view("<u4")
     stats = {
         "dfa_states": dfa.num_states,
@@ -147,14 +157,13 @@ def build_index(
     return TokenIndex(dfa, vocab, row_of, masks, stats)
 
 
-def _live_states(ends: dict[int, np.ndarray], accepting: np.ndarray) -> set[int]:
+def _live_states(successors: dict[int, np.ndarray], accepting: np.ndarray) -> set[int]:
     """States with a token path to acceptance (accepting ones included)."""
     preds: dict[int, set[int]] = {}
-    for s, row in ends.items():
-        for e in np.unique(row):
-            if e != DEAD:
-                preds.setdefault(int(e), set()).add(s)
-    live = {s for s in ends if accepting[s]}
+    for s, ends in successors.items():
+        for e in ends.tolist():
+            preds.setdefault(e, set()).add(s)
+    live = {s for s in successors if accepting[s]}
     todo = list(live)
     while todo:
         for p in preds.get(todo.pop(), ()):
@@ -166,10 +175,14 @@ def _live_states(ends: dict[int, np.ndarray], accepting: np.ndarray) -> set[int]
 
 class _Walker:
     """Steps batches of states through the collapsed trie; returns per state the end state
-    of every token (DEAD where some byte has no transition)."""
+    of every token id [num_ids] (DEAD where some byte has no transition, or no bytes)."""
 
-    def __init__(self, table_c: np.ndarray, trie: Trie):
+    def __init__(self, table_c: np.ndarray, trie: Trie, num_ids: int):
         self.trie = trie
+        # per token id its trie node; ids without bytes read a spare always-DEAD column
+        self.node_of_id = np.full(num_ids, trie.num_nodes, dtype=np.int64)
+        self.node_of_id[trie.token_ids] = trie.token_node
+        self.dtype = np.int16 if table_c.shape[0] < 2**15 else np.int32
         self.flat = table_c.reshape(-1).astype(np.int32)
         self.num_classes = table_c.shape[1]
         self.level1 = np.arange(trie.offsets[0], trie.offsets[1])
@@ -181,7 +194,7 @@ class _Walker:
 
     def walk(self, states: list[int]) -> np.ndarray:
         trie, n = self.trie, self.trie.num_nodes
-        node_state = np.full((len(states), n), DEAD, dtype=np.int32)
+        node_state = np.full((len(states), n + 1), DEAD, dtype=self.dtype)
         origin = np.repeat(np.arange(len(states)), len(self.level1))
         node = np.tile(self.level1, len(states))
         state = np.repeat(np.array(states, dtype=np.int32), len(self.level1))
@@ -198,4 +211,4 @@ class _Walker:
             starts = np.repeat(trie.first_child[node] - np.cumsum(counts) + counts, counts)
             child = starts + np.arange(int(counts.sum()))
             origin, state, node = np.repeat(origin, counts), np.repeat(state, counts), child
-        return node_state[:, trie.token_node]
+        return node_state[:, self.node_of_id]
