@@ -56,6 +56,8 @@ def build_engine(settings):
         watermark_delta=settings.watermark_delta if settings.watermark_delta is not None else 2.0,
         progress=sys.stderr.isatty() or os.environ.get("TGIX_PROGRESS") == "1",
         memory_fraction=settings.cuda_memory_fraction,
+        grammar_workers=-1 if settings.disable_grammar_support else 1,
+        grammar_strict=os.environ.get("TGIX_GRAMMAR_STRICT", "1") != "0",
     )
     try:
         return create_engine(

@@ -47,6 +47,8 @@ class EngineOptions:
     stall_timeout_s: float = 120.0
     memory_fraction: float = 1.0  # TGI's --cuda-memory-fraction: share of accelerator memory
     grammar_workers: int = 1  # grammar compile processes; 0: in the caller's thread; -1: none
+    # objects without additionalProperties are closed (TGI, OpenAI); False: JSON Schema's open
+    grammar_strict: bool = True
 
 
 def free_device_bytes(mesh, fraction: float = 1.0) -> int:
@@ -154,13 +156,14 @@ def _grammar_compiler(tokenizer, logit_width: int, options: EngineOptions):
     disabled or when this tokenizer's alphabet cannot be read."""
     if options.grammar_workers < 0:
         return None
-    from tgix.grammar import GrammarCompiler
+    from tgix.grammar import GrammarCompiler, GrammarOptions
     from tgix.tokenizer import cache_root
 
     try:
         compiler = GrammarCompiler.for_tokenizer(
             tokenizer,
             size=logit_width,
+            options=GrammarOptions(strict=options.grammar_strict),
             workers=options.grammar_workers,
             cache_dir=cache_root() / "grammars" if options.compilation_cache != "" else None,
         )

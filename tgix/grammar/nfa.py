@@ -67,6 +67,8 @@ class Nfa:
 
     def repeat(self, build: Callable[[], tuple[int, int]], lo: int, hi: int | None):
         """`build` makes a fresh copy of the repeated fragment each call."""
+        if hi is not None and hi < lo:
+            raise GrammarError(f"invalid regex repetition {{{lo},{hi}}}: max below min")
         parts = [build() for _ in range(lo)]
         if hi is None:
             f_entry, f_exit = build()
@@ -96,10 +98,11 @@ def check_deadline(deadline: float) -> None:
 def _parse(source: str) -> ip.Pattern:
     try:
         return interegular.parse_pattern(source)
-    except (ip.Unsupported, ip.InvalidSyntax) as exc:
-        raise GrammarError(f"unsupported or invalid regex {source!r}: {exc}") from None
-    except Exception as exc:  # interegular raises bare errors on some malformed input
-        raise GrammarError(f"invalid regex {source!r}: {exc}") from None
+    except ip.Unsupported as exc:
+        raise GrammarError(f"unsupported regex {source!r}: {str(exc) or 'construct'}") from None
+    except Exception as exc:  # InvalidSyntax (no message), bare errors on malformed input
+        reason = str(exc) or "syntax error (unbalanced brackets or parentheses?)"
+        raise GrammarError(f"invalid regex {source!r}: {reason}") from None
 
 
 @lru_cache(maxsize=4096)
