@@ -113,3 +113,41 @@ def test_best_of_and_seeded_sampling_keep_each_sequence_in_the_language(engine, 
     first, again = run(engine, request), run(engine, request)
     assert text(engine, first) in ("yes", "no", "maybe")
     assert ids(first) == ids(again)
+
+
+FORCED = r'\{"answer": (yes|no), "because": "[a-z]{1,6}"\}'
+
+
+def test_forced_tokens_fast_forward_in_mixed_steps(engine, tiny_checkpoints, xla_cache):
+    """With chunked prefill (mixed step shapes) forced tokens skip sampling: same greedy ids
+    as masking them one step at a time, logprob 0, and fewer steps."""
+    from tests.engine.conftest import make_engine, wait_idle
+
+    request = greedy(40, prompt_ids=prompt(8, 6))
+    grammar = engine.grammar_compiler.compile(GrammarSpec.regex(FORCED))
+    steps_before = engine.scheduler.stats()["steps"]
+    masked = run(engine, GenerationRequest(**{**_fields(request), "grammar": grammar}))
+    masked_steps = engine.scheduler.stats()["steps"] - steps_before
+    # the buckets of test_engine_modes' chunked engine: its executables are cached
+    chunked = make_engine(
+        tiny_checkpoints("llama"), xla_cache, chunked_prefill=True, max_batch_prefill_tokens=16
+    )
+    try:
+        assert chunked.stats()["fast_forwarded_tokens"] == 0
+        g = chunked.grammar_compiler.compile(GrammarSpec.regex(FORCED))
+        steps_before = chunked.scheduler.stats()["steps"]
+        fast = run(chunked, GenerationRequest(**{**_fields(request), "grammar": g}))
+        fast_steps = chunked.scheduler.stats()["steps"] - steps_before
+        stats = wait_idle(chunked)
+    finally:
+        chunked.shutdown()
+    assert ids(fast) == ids(masked)
+    assert re.fullmatch(FORCED, text(engine, fast))
+    forced = stats["fast_forwarded_tokens"]
+    assert forced >= 4  # '{"answer": ' and '", "because": "' at least
+    assert fast_steps == masked_steps - forced
+    assert sum(t.logprob == 0.0 for t in fast.tokens) >= forced
+
+
+def _fields(request: GenerationRequest) -> dict:
+    return {f: getattr(request, f) for f in request.__dataclass_fields__}

@@ -76,6 +76,10 @@ class Engine:
         self._overlap = overlap
         self._overlapped = 0  # steps dispatched before the previous one was read back
         self.grammar_compiler = None  # tgix.grammar.GrammarCompiler, set by the factory
+        # forced grammar tokens join the next step as extra input tokens of their row: needs
+        # the mixed (chunked-prefill) step shapes; otherwise each is masked in its own step
+        self._fast_forward = bool(runner.config.buckets.mixed_tokens)
+        self._fast_forwarded = 0
         self._thread = threading.Thread(target=self._run, name="tgix-engine", daemon=True)
         self._thread.start()
 
@@ -304,6 +308,8 @@ class Engine:
         top = list(zip(out.top_ids[i][:n].tolist(), out.top_logprobs[i][:n].tolist(), strict=True))
         events, reason = live.output.add(int(out.token_ids[i]), logprob, top, at_length=at_length)
         items: list = list(events)
+        if reason is None and self._fast_forward and live.request.grammar is not None:
+            reason = self._fast_forward_tokens(live, items)
         if reason is not None:
             self.scheduler.finish(request_id, reason)  # no-op when it finished at length
             del self._live[request_id]
@@ -315,6 +321,26 @@ class Engine:
             )
         if items and not live.emit(items) and reason is None:
             self._finish(request_id, None)  # the reader is gone
+
+    def _fast_forward_tokens(self, live: LiveRequest, items: list) -> str | None:
+        """Append the grammar's forced continuation (the only allowed token, again and again)
+        without sampling: the tokens are emitted now with logprob 0 (probability 1 under the
+        mask) and the scheduler feeds them to the model with the next step's row. Stops one
+        token short of max_new_tokens so the step still samples."""
+        room = live.seq.max_new_tokens - len(live.seq.output_ids) - 1
+        reason = None
+        while room > 0 and reason is None:
+            forced = live.request.grammar.forced_token(live.grammar_state)
+            if forced is None:
+                break
+            live.seq.output_ids.append(forced)
+            live.advance_grammar(forced)
+            top = [(forced, 0.0)][: live.request.top_n_tokens]
+            events, reason = live.output.add(forced, 0.0, top)
+            items.extend(events)
+            self._fast_forwarded += 1
+            room -= 1
+        return reason
 
     def _finish(self, request_id: str, error: GenerationError | None) -> None:
         live = self._live.pop(request_id, None)
@@ -355,4 +381,5 @@ class Engine:
             "steps": s["steps"],
             "host_gap_ms_median": 1e3 * gaps[len(gaps) // 2] if gaps else 0.0,
             "overlapped_steps": self._overlapped,
+            "fast_forwarded_tokens": self._fast_forwarded,
         }

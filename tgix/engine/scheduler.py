@@ -243,7 +243,7 @@ class Scheduler:
         self._grow_for_decode()
         budget = self.config.max_batch_prefill_tokens
         decode = [self._row(s) for s in self._running if s.prefilled]
-        budget -= len(decode)
+        budget -= sum(len(r.token_ids) for r in decode)
         prefill = []
         for seq in self._running:
             if not seq.prefilled and budget > 0:
@@ -331,9 +331,12 @@ class Scheduler:
         seq.pages = []
 
     def _row(self, seq: SequenceState, n: int = 1) -> ScheduledRow:
-        """A decode row (its last sampled token) once prefilled, else the next n pending tokens."""
+        """A decode row once prefilled: every token without KV yet (the last sampled one, plus
+        any the engine appended: grammar fast-forward); else the next n pending tokens."""
         start = seq.num_computed
-        ids = seq.output_ids[-1:] if seq.prefilled else (seq.prompt_ids + seq.output_ids)[start:]
-        ids = tuple(ids[:n])
+        if seq.prefilled:
+            ids = tuple(seq.output_ids[start - len(seq.prompt_ids) :])
+        else:
+            ids = tuple((seq.prompt_ids + seq.output_ids)[start:][:n])
         done = start + len(ids) == seq.total_len
         return ScheduledRow(seq.request_id, ids, start, tuple(seq.pages), not seq.prefilled, done)
