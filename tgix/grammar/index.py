@@ -173,6 +173,17 @@ def _live_states(successors: dict[int, np.ndarray], accepting: np.ndarray) -> se
     return live
 
 
+def _path_classes(trie: Trie) -> np.ndarray:
+    """[N] uint64: bit c set when class c occurs on the path from the root to the node."""
+    bits = np.uint64(1) << trie.label.astype(np.uint64)
+    out = np.empty(trie.num_nodes, dtype=np.uint64)
+    for d in range(1, len(trie.offsets)):
+        lo, hi = trie.offsets[d - 1], trie.offsets[d]
+        par = trie.parent[lo:hi]
+        out[lo:hi] = bits[lo:hi] | np.where(par >= 0, out[np.maximum(par, 0)], np.uint64(0))
+    return out
+
+
 class _Walker:
     """Steps batches of states through the collapsed trie; returns per state the end state
     of every token id [num_ids] (DEAD where some byte has no transition, or no bytes)."""
@@ -185,7 +196,16 @@ class _Walker:
         self.dtype = np.int16 if table_c.shape[0] < 2**15 else np.int32
         self.flat = table_c.reshape(-1).astype(np.int32)
         self.num_classes = table_c.shape[1]
-        self.level1 = np.arange(trie.offsets[0], trie.offsets[1])
+        self.table_c = table_c
+        self.path_classes = _path_classes(trie) if table_c.shape[1] <= 64 else None
+
+    def _loop_bits(self, start: np.ndarray) -> np.ndarray:
+        """[B] uint64: the classes that lead each state back to itself (0: shortcut off)."""
+        if self.path_classes is None:
+            return np.zeros(len(start), dtype=np.uint64)
+        loops = self.table_c[start] == start[:, None]  # [B, C]
+        weights = np.uint64(1) << np.arange(loops.shape[1], dtype=np.uint64)
+        return (loops * weights).sum(axis=1, dtype=np.uint64)
 
     def batches(self, states: list[int]):
         size = max(1, _PAIR_BUDGET // max(self.trie.num_nodes, 1))
@@ -193,11 +213,28 @@ class _Walker:
             yield states[lo : lo + size]
 
     def walk(self, states: list[int]) -> np.ndarray:
+        """Self-loop shortcut: a token whose bytes all fall in classes that loop on the start
+        state (inside a JSON string: nearly every token) ends there; only nodes where a path
+        first leaves the loop are walked on. Without it (> 64 classes) every node is."""
         trie, n = self.trie, self.trie.num_nodes
         node_state = np.full((len(states), n + 1), DEAD, dtype=self.dtype)
-        origin = np.repeat(np.arange(len(states)), len(self.level1))
-        node = np.tile(self.level1, len(states))
-        state = np.repeat(np.array(states, dtype=np.int32), len(self.level1))
+        start = np.array(states, dtype=np.int32)
+        level1 = np.arange(trie.offsets[0], trie.offsets[1])
+        origins, nodes = [], []
+        loop_bits = self._loop_bits(start)
+        for i, bits in enumerate(loop_bits.tolist()):
+            if not bits:  # no self-loop: walk from the first byte
+                origins.append(np.full(len(level1), i))
+                nodes.append(level1)
+                continue
+            looping = (self.path_classes & np.uint64(~bits & (2**64 - 1))) == 0  # [N]
+            parent_looping = np.where(trie.parent >= 0, looping[np.maximum(trie.parent, 0)], True)
+            leaving = np.flatnonzero(parent_looping & ~looping)
+            node_state[i, :n] = np.where(looping, start[i], DEAD)
+            origins.append(np.full(len(leaving), i))
+            nodes.append(leaving)
+        origin, node = np.concatenate(origins), np.concatenate(nodes)
+        state = start[origin]
         while node.size:
             nxt = self.flat[state * self.num_classes + trie.label[node]]
             alive = nxt != DEAD
