@@ -36,7 +36,8 @@ from benchmarks.grammar_instances import candidates
 
 DATA = "/work/shared/data/maskbench"
 DEFAULT_LIMIT = 200
-RESULTS = os.path.join(os.path.dirname(__file__), "results", "grammar.json")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results", "grammar.json")
 ENGINES = ("tgix", "outlines-core")
 
 
@@ -147,18 +148,10 @@ def summarize(name: str, cases: list[dict], cap: float) -> dict:
     }
 
 
-def both_compiled(cases: list[dict]) -> dict:
-    """Valid instances accepted by each engine on the schemas both compiled."""
-    out = {n: [0, 0] for n in ENGINES}
-    for c in cases:
-        if all(c["results"][n]["status"] == "ok" for n in ENGINES):
-            for n in ENGINES:
-                flags = zip(c["tests"], c["results"][n]["accepted"], strict=True)
-                oks = [ok for (valid, _), ok in flags if valid]
-                out[n][0] += sum(oks)
-                out[n][1] += len(oks)
-    schemas = sum(all(c["results"][n]["status"] == "ok" for n in ENGINES) for c in cases)
-    return {"schemas": schemas, **{n: {"accepted": a, "total": t} for n, (a, t) in out.items()}}
+def both_compiled(cases: list[dict], cap: float) -> dict:
+    """Each engine's figures on the schemas both compiled (the like-for-like comparison)."""
+    common = [c for c in cases if all(c["results"][n]["status"] == "ok" for n in ENGINES)]
+    return {"schemas": len(common), **{n: summarize(n, common, cap) for n in ENGINES}}
 
 
 def report(summary: dict, common: dict | None) -> None:
@@ -186,8 +179,9 @@ def report(summary: dict, common: dict | None) -> None:
     ]
     rows = [[label, *(get(s) for s in summary.values())] for label, get in fields]
     if common:
-        label = f"valid accepted, {common['schemas']} both compiled"
-        rows.append([label, *(frac(common[n]["accepted"], common[n]["total"]) for n in summary)])
+        both = f"{common['schemas']} both compiled"
+        for label, get in fields[2:6] + fields[8:10]:
+            rows.append([f"{label}, {both}", *(get(common[n]) for n in summary)])
     harness.print_table("MaskBench: tgix vs outlines-core", ["metric", *summary], rows)
     for name, s in summary.items():
         top = [[v, k] for k, v in list(s["errors"].items())[: 15 if name == "tgix" else 8]]
@@ -212,6 +206,17 @@ def per_schema(cases: list[dict]) -> list[dict]:
             }
         out.append(row)
     return out
+
+
+def source_state() -> dict:
+    """The commit measured and tgix files changed on top of it (the working tree is what ran)."""
+    import subprocess
+
+    def git(*cmd: str) -> str:
+        run = subprocess.run(["git", *cmd], capture_output=True, text=True, cwd=REPO)
+        return run.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": git("status", "--porcelain", "tgix")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -253,13 +258,14 @@ def run_maskbench(args) -> dict:
     wall = time.perf_counter() - started
     names = [n for n in ENGINES if n in cases[0]["results"]]
     summary = {n: summarize(n, cases, args.timeout) for n in names}
-    common = both_compiled(cases) if len(names) == 2 else None
+    common = both_compiled(cases, args.timeout) if len(names) == 2 else None
     report(summary, common)
     print(f"\n{len(paths)} schemas in {wall:.0f} s")
     return {
         "benchmark": "grammar",
         "machine": harness.machine(),
-        "args": {k: v for k, v in vars(args).items()},
+        "args": vars(args),
+        "source": source_state(),
         "wall_s": wall,
         "engines": summary,
         "both_compiled": common,
