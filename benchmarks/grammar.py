@@ -252,6 +252,7 @@ def run_maskbench(args) -> dict:
     if not paths:
         raise SystemExit(f"no MaskBench files under {args.data}")
     tok = load_tokenizer(resolve_model(None))
+    machine = harness.machine()
     print(f"{len(paths)} schemas, timeout {args.timeout:g} s, workers {args.workers}")
     started = time.perf_counter()
     cases = run_all(args, tok, paths)
@@ -263,7 +264,7 @@ def run_maskbench(args) -> dict:
     print(f"\n{len(paths)} schemas in {wall:.0f} s")
     return {
         "benchmark": "grammar",
-        "machine": harness.machine(),
+        "machine": dict(machine, loadavg_at_end=os.getloadavg()),
         "args": vars(args),
         "source": source_state(),
         "wall_s": wall,

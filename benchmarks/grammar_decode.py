@@ -102,6 +102,7 @@ def run_decode(args) -> dict:
 
     try:
         limits = LimitRequest(**harness.parse_limits([], harness.DEFAULT_KV_TOKENS))
+        machine = harness.machine()
         started = time.perf_counter()
         loaded = load_model(None)
         tokenizer = load_tokenizer(loaded.files)
@@ -123,10 +124,10 @@ def run_decode(args) -> dict:
             engine.shutdown()
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    return summarize(runs, compile_s, index.stats)
+    return summarize(runs, compile_s, index.stats, machine)
 
 
-def summarize(runs: dict[str, list[dict]], compile_s: float, stats: dict) -> dict:
+def summarize(runs: dict[str, list[dict]], compile_s: float, stats: dict, machine: dict) -> dict:
     """Medians per mode, the ratio, the table; the JSON record."""
     keys = ("decode_tok_s", "step_ms", "engine_period_ms", "engine_busy_ms")
     med = {m: {k: harness.median(r[k] for r in rs) for k in keys} for m, rs in runs.items()}
@@ -151,7 +152,7 @@ def summarize(runs: dict[str, list[dict]], compile_s: float, stats: dict) -> dic
     print(f"sample constrained output: {runs['grammar'][0]['texts'][0][:120]!r}")
     return {
         "benchmark": "grammar_decode",
-        "machine": harness.machine(),
+        "machine": machine,
         "batch": BATCH,
         "new_tokens": NEW_TOKENS,
         "regex": REGEX,
