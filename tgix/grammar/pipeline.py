@@ -16,6 +16,7 @@ from tgix.grammar import regex_tree as rt
 from tgix.grammar.automaton import ByteDFA, build_dfa
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.index import TokenIndex, build_index
+from tgix.grammar.nfa import check_deadline
 from tgix.grammar.options import GrammarOptions
 from tgix.grammar.spec import GrammarSpec
 from tgix.grammar.token_trie import Trie
@@ -53,6 +54,7 @@ def compile_arrays(
     t0 = time.monotonic()
     deadline = t0 + options.timeout_s
     tree, notes = to_tree(spec, options)
+    check_deadline(deadline)
     t1 = time.monotonic()
     dfa = build_dfa(tree, options.max_states, deadline)
     t2 = time.monotonic()

@@ -11,7 +11,7 @@ back to one regex string (`to_regex`), also the form used in error messages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 _SPECIAL = set("\\.^$*+?{}[]()|/-")
 
@@ -23,40 +23,66 @@ class Regex:
     source: str
 
 
+class _CachedHash:
+    """Inner nodes hash once: trees are deduplicated in dicts (alternatives, memo tables),
+    and a dataclass hash would walk the whole subtree every time (quadratic on big schemas)."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        values = tuple(getattr(self, f.name) for f in fields(self) if f.compare)
+        object.__setattr__(self, "_hash", hash((type(self).__name__, values)))
+
+    def cached_hash(self) -> int:
+        return self._hash
+
+
+def _hash_field():
+    return field(init=False, repr=False, compare=False, default=0)
+
+
 @dataclass(frozen=True, slots=True)
-class Seq:
+class Seq(_CachedHash):
     parts: tuple[Node, ...]
+    _hash: int = _hash_field()
 
 
 @dataclass(frozen=True, slots=True)
-class Alt:
+class Alt(_CachedHash):
     options: tuple[Node, ...]
+    _hash: int = _hash_field()
 
 
 @dataclass(frozen=True, slots=True)
-class Repeat:
+class Repeat(_CachedHash):
     """`node{lo,hi}`; hi None is unbounded."""
 
     node: Node
     lo: int
     hi: int | None
+    _hash: int = _hash_field()
 
 
 @dataclass(frozen=True, slots=True)
-class Both:
+class Both(_CachedHash):
     """Strings matched by every part (language intersection)."""
 
     parts: tuple[Node, ...]
+    _hash: int = _hash_field()
 
 
 @dataclass(frozen=True, slots=True)
-class Minus:
+class Minus(_CachedHash):
     """Strings matched by `keep` and not by `drop` (language difference), e.g. additional
     property names that must differ from the declared ones."""
 
     keep: Node
     drop: Node
+    _hash: int = _hash_field()
 
+
+for _cls in (Seq, Alt, Repeat, Both, Minus):
+    _cls.__hash__ = _CachedHash.cached_hash  # replaces the generated field-walking hash
 
 Node = Regex | Seq | Alt | Repeat | Both | Minus
 
