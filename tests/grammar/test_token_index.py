@@ -150,3 +150,28 @@ def test_random_walks_only_produce_strings_of_the_language(tokens):
             out += v.token_bytes[t]
             state = index.advance(state, t)
         assert dfa.accepts(out), out
+
+
+@pytest.mark.parametrize(
+    "regex",
+    [r'"[^"\\]{0,40}"', r'\{"a":(true|false|[0-9]{1,3})\}', r"(€|é|[a-c]){2,30}x", r"[0-9]+"],
+)
+def test_lookahead_classes_give_the_masks_of_the_token_search(regex, monkeypatch):
+    """A vocabulary with every single byte takes the shortcut (masks shared by states that
+    agree on every string up to the longest token); the token-level search agrees."""
+    import tgix.grammar.index as index_module
+
+    tokens = [None, None, *(bytes([b]) for b in range(256)), *TOKENS[2:]]
+    tokens += [b'"' + b"x" * 9, b"abcabc", "€€".encode(), b'":tr', b"}"]
+    v = vocab(tokens)
+    dfa = build_dfa(rt.Regex(regex))
+    trie = build_byte_trie(v.token_bytes)
+    fast = build_index(dfa, v, trie)
+    assert "distinct_masks" in fast.stats
+    monkeypatch.setattr(index_module, "_spells_every_byte", lambda vocab: False)
+    searched = build_index(dfa, v, trie)
+    assert "distinct_masks" not in searched.stats
+    for state in range(dfa.num_states):
+        assert (fast.mask(state) == searched.mask(state)).all(), (regex, state)
+    if "40" in regex:
+        assert fast.stats["distinct_masks"] < dfa.num_states

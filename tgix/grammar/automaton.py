@@ -122,15 +122,20 @@ def _determinise(nfa: Nfa, entry: int, exit_: int, max_states: int, deadline: fl
     return minimise(table_c, class_of, accepting, deadline)
 
 
-def _refine(full: np.ndarray, accepting: np.ndarray, deadline: float) -> np.ndarray:
-    """Moore partition refinement: block id per state of the coarsest partition that
-    separates accepting states and is stable under every class. Each round groups states by
-    (block, block of each successor) via a 64-bit hash of that row, checked exactly (a
-    collision falls back to sorting the rows), so rounds stay O(S * C)."""
+def refine(
+    full: np.ndarray, initial: np.ndarray, deadline: float, max_rounds: int | None = None
+) -> np.ndarray:
+    """Moore partition refinement over full [S, C] (total: every entry a state): block id
+    per state of the partition that refines `initial` labels and is stable under every class
+    (after `max_rounds` rounds: states agree on all strings up to that length). Each round
+    groups states by (block, block of each successor) via a 64-bit hash of that row, checked
+    exactly (a collision falls back to sorting the rows), so rounds stay O(S * C)."""
     multipliers = np.random.default_rng(0).integers(1, 2**62, full.shape[1] + 1, dtype=np.uint64)
-    part = np.append(accepting, False).astype(np.int64)
-    count = len(np.unique(part))
-    while True:
+    part = np.unique(initial, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    count = int(part.max()) + 1
+    rounds = 0
+    while max_rounds is None or rounds < max_rounds:
+        rounds += 1
         check_deadline(deadline)
         rows = np.column_stack([part, part[full]])
         digest = (rows.astype(np.uint64) * (multipliers | np.uint64(1))).sum(axis=1)
@@ -144,6 +149,7 @@ def _refine(full: np.ndarray, accepting: np.ndarray, deadline: float) -> np.ndar
         if new_count == count:
             return part
         count = new_count
+    return part
 
 
 def minimise(
@@ -154,7 +160,7 @@ def minimise(
     num = table_c.shape[0]
     dead = num  # an explicit sink so every row is total
     full = np.vstack([np.where(table_c < 0, dead, table_c), np.full((1, table_c.shape[1]), dead)])
-    part = _refine(full, accepting, deadline)
+    part = refine(full, np.append(accepting, False), deadline)
     count = int(part.max()) + 1
     sink = part[dead]
     # BFS renumbering over byte classes in order; the sink class (which also holds every

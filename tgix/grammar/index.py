@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from tgix.grammar.automaton import DEAD, ByteDFA
+from tgix.grammar.automaton import DEAD, ByteDFA, refine
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.nfa import check_deadline
 from tgix.grammar.token_trie import Trie, collapse
@@ -109,6 +109,8 @@ def build_index(
     trie = collapse(byte_trie, class_of.astype(np.int32))
     width = -(-vocab.size // 32)
     walker = _Walker(table_c, trie, width * 32)
+    if _spells_every_byte(vocab):
+        return _index_by_lookahead(dfa, vocab, walker, table_c, deadline, t0)
     ends: dict[int, np.ndarray] = {}  # state -> [W * 32] end state per token id (DEAD: none)
     successors: dict[int, np.ndarray] = {}  # state -> distinct end states
     marks = np.zeros(dfa.num_states + 1, dtype=bool)  # index -1 (DEAD) is the spare slot
@@ -152,6 +154,48 @@ def build_index(
         "token_states": len(states),
         "classes": table_c.shape[1],
         "trie_nodes": trie.num_nodes,
+        "index_s": time.monotonic() - t0,
+    }
+    return TokenIndex(dfa, vocab, row_of, masks, stats)
+
+
+def _spells_every_byte(vocab: TokenVocabulary) -> bool:
+    """True when all 256 single bytes are tokens (GPT-2 byte-level BPE, SentencePiece byte
+    fallback): any byte path is then a token path, so every state of the minimal DFA is
+    reachable at a token boundary and live, and no token-level search is needed."""
+    return len({b for b in vocab.token_bytes if b is not None and len(b) == 1}) == 256
+
+
+def _index_by_lookahead(dfa, vocab, walker, table_c, deadline, t0) -> TokenIndex:
+    """Masks for a vocabulary that spells every byte. A state's mask only depends on which
+    strings up to the longest token stay alive from it, and on whether it accepts (EOS):
+    states that agree on those (bounded Moore refinement, as many rounds as the longest
+    token has bytes) share one mask, walked once. Long counted strings (maxLength 255: ~16
+    states per character) collapse to a few hundred distinct masks."""
+    num = dfa.num_states
+    full = np.vstack([np.where(table_c < 0, num, table_c), np.full((1, table_c.shape[1]), num)])
+    initial = np.append(dfa.accepting.astype(np.int64), 2)  # the sink (dead) apart
+    longest = max(len(b) for b in vocab.token_bytes if b)
+    blocks = refine(full, initial, deadline, max_rounds=longest)[:num]
+    reps = np.unique(blocks, return_index=True)[1]  # first state of each block
+    row_of = np.unique(blocks, return_inverse=True)[1].reshape(-1).astype(np.int32)
+    width = walker.node_of_id.shape[0] // 32
+    masks = np.zeros((len(reps), width), dtype=np.uint32)
+    eos = list(vocab.eos_ids)
+    done = 0
+    for batch in walker.batches(reps.tolist()):
+        check_deadline(deadline)
+        allowed = walker.walk(batch) >= 0
+        allowed[np.ix_(dfa.accepting[batch], eos)] = True
+        packed = np.packbits(allowed, axis=1, bitorder="little").view("<u4")
+        masks[done : done + len(batch)] = packed
+        done += len(batch)
+    stats = {
+        "dfa_states": num,
+        "token_states": num,
+        "distinct_masks": len(reps),
+        "classes": table_c.shape[1],
+        "trie_nodes": walker.trie.num_nodes,
         "index_s": time.monotonic() - t0,
     }
     return TokenIndex(dfa, vocab, row_of, masks, stats)
@@ -248,4 +292,4 @@ class _Walker:
             starts = np.repeat(trie.first_child[node] - np.cumsum(counts) + counts, counts)
             child = starts + np.arange(int(counts.sum()))
             origin, state, node = np.repeat(origin, counts), np.repeat(state, counts), child
-        return node_state[:, self.node_of_id]
+        return np.ascontiguousarray(node_state[:, self.node_of_id])
