@@ -168,7 +168,7 @@ def test_lookahead_classes_give_the_masks_of_the_token_search(regex, monkeypatch
     trie = build_byte_trie(v.token_bytes)
     fast = build_index(dfa, v, trie)
     assert "distinct_masks" in fast.stats
-    monkeypatch.setattr(index_module, "_spells_every_byte", lambda vocab: False)
+    monkeypatch.setattr(index_module, "_single_bytes_finish_everywhere", lambda *a: False)
     searched = build_index(dfa, v, trie)
     assert "distinct_masks" not in searched.stats
     for state in range(dfa.num_states):

@@ -109,7 +109,7 @@ def build_index(
     trie = collapse(byte_trie, class_of.astype(np.int32))
     width = -(-vocab.size // 32)
     walker = _Walker(table_c, trie, width * 32)
-    if _spells_every_byte(vocab):
+    if _single_bytes_finish_everywhere(vocab, dfa, table_c, class_of):
         return _index_by_lookahead(dfa, vocab, walker, table_c, deadline, t0)
     ends: dict[int, np.ndarray] = {}  # state -> [W * 32] end state per token id (DEAD: none)
     successors: dict[int, np.ndarray] = {}  # state -> distinct end states
@@ -159,11 +159,28 @@ def build_index(
     return TokenIndex(dfa, vocab, row_of, masks, stats)
 
 
-def _spells_every_byte(vocab: TokenVocabulary) -> bool:
-    """True when all 256 single bytes are tokens (GPT-2 byte-level BPE, SentencePiece byte
-    fallback): any byte path is then a token path, so every state of the minimal DFA is
-    reachable at a token boundary and live, and no token-level search is needed."""
-    return len({b for b in vocab.token_bytes if b is not None and len(b) == 1}) == 256
+def _single_bytes_finish_everywhere(vocab, dfa: ByteDFA, table_c, class_of) -> bool:
+    """True when from every state some path of single-byte tokens reaches acceptance (true
+    for byte-level BPE and SentencePiece byte fallback on any grammar that needs no byte
+    the vocabulary lacks alone). Then every end state of an allowed token is live, and
+    masks need no token-level search for dead ends."""
+    singles = np.zeros(256, dtype=bool)
+    singles[[b[0] for b in vocab.token_bytes if b is not None and len(b) == 1]] = True
+    usable = np.zeros(table_c.shape[1], dtype=bool)
+    usable[class_of[singles]] = True
+    src, cls = np.nonzero((table_c >= 0) & usable[None, :])
+    dst = table_c[src, cls]
+    order = np.argsort(dst, kind="stable")
+    preds, bounds = src[order], np.searchsorted(dst[order], np.arange(dfa.num_states + 1))
+    live = dfa.accepting.copy()
+    todo = list(np.flatnonzero(live))
+    while todo:
+        s = todo.pop()
+        for p in preds[bounds[s] : bounds[s + 1]].tolist():
+            if not live[p]:
+                live[p] = True
+                todo.append(p)
+    return bool(live.all())
 
 
 def _index_by_lookahead(dfa, vocab, walker, table_c, deadline, t0) -> TokenIndex:
