@@ -51,9 +51,12 @@ def build_dfa(node: rt.Node, max_states: int = 20_000, deadline: float | None = 
     state budget or the deadline (time.monotonic())."""
     deadline = time.monotonic() + 3600 if deadline is None else deadline
     nfa = Nfa(max_states, deadline)
+    products: dict[rt.Node, ByteDFA] = {}  # a repeated intersection is built once
 
     def embed(nfa: Nfa, inner: rt.Node) -> tuple[int, int]:
-        return _embed(nfa, _product(inner, max_states, deadline))
+        if inner not in products:
+            products[inner] = _product(inner, max_states, deadline)
+        return _embed(nfa, products[inner])
 
     entry, exit_ = build(nfa, node, embed)
     return _determinise(nfa, entry, exit_, max_states, deadline)

@@ -234,17 +234,6 @@ def _live_states(successors: dict[int, np.ndarray], accepting: np.ndarray) -> se
     return live
 
 
-def _path_classes(trie: Trie) -> np.ndarray:
-    """[N] uint64: bit c set when class c occurs on the path from the root to the node."""
-    bits = np.uint64(1) << trie.label.astype(np.uint64)
-    out = np.empty(trie.num_nodes, dtype=np.uint64)
-    for d in range(1, len(trie.offsets)):
-        lo, hi = trie.offsets[d - 1], trie.offsets[d]
-        par = trie.parent[lo:hi]
-        out[lo:hi] = bits[lo:hi] | np.where(par >= 0, out[np.maximum(par, 0)], np.uint64(0))
-    return out
-
-
 class _Walker:
     """Steps batches of states through the collapsed trie; returns per state the end state
     of every token id [num_ids] (DEAD where some byte has no transition, or no bytes)."""
@@ -258,15 +247,17 @@ class _Walker:
         self.flat = table_c.reshape(-1).astype(np.int32)
         self.num_classes = table_c.shape[1]
         self.table_c = table_c
-        self.path_classes = _path_classes(trie) if table_c.shape[1] <= 64 else None
+        self.has_parent = trie.parent >= 0
+        self.parent = np.maximum(trie.parent, 0)
 
-    def _loop_bits(self, start: np.ndarray) -> np.ndarray:
-        """[B] uint64: the classes that lead each state back to itself (0: shortcut off)."""
-        if self.path_classes is None:
-            return np.zeros(len(start), dtype=np.uint64)
-        loops = self.table_c[start] == start[:, None]  # [B, C]
-        weights = np.uint64(1) << np.arange(loops.shape[1], dtype=np.uint64)
-        return (loops * weights).sum(axis=1, dtype=np.uint64)
+    def _looping_nodes(self, loops: np.ndarray) -> np.ndarray:
+        """[N] bool: nodes whose every class is in `loops` [C] (the path stays put)."""
+        trie = self.trie
+        ok = loops[trie.label]
+        for d in range(2, len(trie.offsets)):
+            lo, hi = trie.offsets[d - 1], trie.offsets[d]
+            ok[lo:hi] &= ok[trie.parent[lo:hi]]
+        return ok
 
     def batches(self, states: list[int]):
         size = max(1, _PAIR_BUDGET // max(self.trie.num_nodes, 1))
@@ -276,20 +267,20 @@ class _Walker:
     def walk(self, states: list[int]) -> np.ndarray:
         """Self-loop shortcut: a token whose bytes all fall in classes that loop on the start
         state (inside a JSON string: nearly every token) ends there; only nodes where a path
-        first leaves the loop are walked on. Without it (> 64 classes) every node is."""
+        first leaves the loop are walked on."""
         trie, n = self.trie, self.trie.num_nodes
         node_state = np.full((len(states), n + 1), DEAD, dtype=self.dtype)
         start = np.array(states, dtype=np.int32)
         level1 = np.arange(trie.offsets[0], trie.offsets[1])
         origins, nodes = [], []
-        loop_bits = self._loop_bits(start)
-        for i, bits in enumerate(loop_bits.tolist()):
-            if not bits:  # no self-loop: walk from the first byte
+        loops = self.table_c[start] == start[:, None]  # [B, C]
+        for i in range(len(states)):
+            if not loops[i].any():  # no self-loop: walk from the first byte
                 origins.append(np.full(len(level1), i))
                 nodes.append(level1)
                 continue
-            looping = (self.path_classes & np.uint64(~bits & (2**64 - 1))) == 0  # [N]
-            parent_looping = np.where(trie.parent >= 0, looping[np.maximum(trie.parent, 0)], True)
+            looping = self._looping_nodes(loops[i])
+            parent_looping = np.where(self.has_parent, looping[self.parent], True)
             leaving = np.flatnonzero(parent_looping & ~looping)
             node_state[i, :n] = np.where(looping, start[i], DEAD)
             origins.append(np.full(len(leaving), i))
