@@ -20,6 +20,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import time
 
 from tgix.grammar.automaton import DEAD, build_dfa
@@ -96,10 +97,29 @@ def _reason(message: str) -> str:
     return re.sub(r"\d+", "N", message)[:90]
 
 
-def run_one(path: str) -> dict:
+def _alarm(signum, frame):
+    raise TimeoutError
+
+
+def run_one(path: str, limit_s: int = 60) -> dict:
+    """One schema: conversion, DFA, then every test instance; `limit_s` bounds the whole."""
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(limit_s)
+    out = {"file": os.path.basename(path), "valid": 0, "invalid": 0}
+    t0 = time.monotonic()
+    try:
+        return _run_one(path, out)
+    except TimeoutError:
+        out["error"], out["stage"] = f"timeout after {limit_s}s", "timeout"
+        return out
+    finally:
+        signal.alarm(0)
+        out["total_s"] = time.monotonic() - t0
+
+
+def _run_one(path: str, out: dict) -> dict:
     with open(path) as f:
         item = json.load(f)
-    out = {"file": os.path.basename(path), "valid": 0, "invalid": 0}
     options = GrammarOptions()
     t0 = time.monotonic()
     try:

@@ -14,7 +14,7 @@ from tgix.grammar.automaton import build_dfa
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_schema import schema_to_tree
 from tgix.grammar.options import GrammarOptions
-from tgix.grammar.regex_tree import to_regex
+from tgix.grammar.regex_tree import Regex, Repeat
 
 STRICT = GrammarOptions(strict=True)
 
@@ -101,6 +101,16 @@ def test_optional_properties_every_subset_in_schema_order():
         assert not accepts_text(schema, text), text
 
 
+def tree_size(node) -> int:
+    """Characters of regex source in the tree, shared subtrees counted each time."""
+    if isinstance(node, Regex):
+        return len(node.source)
+    children = getattr(node, "parts", None) or getattr(node, "options", None)
+    if children is None:
+        children = [node.node] if isinstance(node, Repeat) else [node.keep, node.drop]
+    return sum(tree_size(c) for c in children)
+
+
 def test_many_optional_properties_stay_linear():
     """60 optional properties: the tree grows linearly and the DFA builds quickly."""
 
@@ -110,7 +120,7 @@ def test_many_optional_properties_stay_linear():
             "properties": {f"p{i}": {"type": "boolean"} for i in range(n)},
             "additionalProperties": False,
         }
-        return schema, len(to_regex(schema_to_tree(schema)[0]))
+        return schema, tree_size(schema_to_tree(schema)[0])
 
     (schema, s60), (_, s30) = size(60), size(30)
     assert s60 < 2.2 * s30
@@ -457,12 +467,12 @@ def test_annotations_and_unknown_keywords_are_ignored():
 @pytest.mark.parametrize(
     ("schema", "keyword"),
     [
-        ({"not": {"type": "string"}}, "not"),
-        ({"if": {"type": "string"}, "then": {"minLength": 1}}, "if"),
+        ({"not": {"minItems": 2}}, "not"),
+        ({"not": {"type": "object", "additionalProperties": False}}, "not"),
+        ({"if": {"minItems": 1}, "then": {"maxItems": 3}}, "if"),
         ({"type": "array", "uniqueItems": True}, "uniqueItems"),
         ({"type": "array", "contains": {"type": "integer"}}, "contains"),
-        ({"type": "object", "propertyNames": {"maxLength": 3}}, "propertyNames"),
-        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
+        ({"type": "object", "dependentRequired": {k: ["z"] for k in "abcd"}}, "dependencies"),
         ({"$dynamicRef": "#meta"}, "$dynamicRef"),
         ({"type": "integer", "multipleOf": 3}, "multipleOf"),
         ({"type": "string", "format": "color"}, "color"),
@@ -478,3 +488,84 @@ def test_keywords_of_other_types_do_not_apply():
     schema = {"type": ["string", "integer"], "minLength": 2, "minimum": 5, "uniqueItems": True}
     check(schema, valid=["ab", 5], invalid=["a", 4])
     assert grammar(schema)[0].num_states > 0
+
+
+# --- negation, conditionals, dependencies, property names ---------------------------------
+
+
+def test_not_types_enums_and_numbers():
+    check({"not": {"type": "string"}}, valid=[1, None, [], {}], invalid=["a"])
+    check({"type": ["string", "integer"], "not": {"type": "integer"}}, valid=["a"], invalid=[1])
+    check({"type": "string", "not": {"enum": ["a", "b"]}}, valid=["c", ""], invalid=["a", "b"])
+    check({"type": "integer", "not": {"multipleOf": 5}}, valid=[1, 7], invalid=[0, 10, -5])
+    check({"type": "number", "not": {"type": "integer"}}, valid=[1.5], invalid=[1, 2.0])
+    check({"type": "string", "not": {"pattern": "^x"}}, valid=["ax", ""], invalid=["xa"])
+    check({"not": False}, valid=[1, "a"], invalid=[])
+    with pytest.raises(GrammarError, match="admits no value"):
+        schema_to_tree({"not": {}})
+
+
+def test_not_on_objects_rewritten_as_object_schemas():
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "not": {"required": ["a", "b"]},
+    }
+    check(schema, valid=[{}, {"a": 1}, {"b": 2}], invalid=[{"a": 1, "b": 2}])
+    exclusive = {
+        "type": "object",
+        "properties": {"a": {}, "b": {}, "c": {}},
+        "not": {"anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
+    }
+    check(exclusive, valid=[{}, {"c": 1}], invalid=[{"a": 1}, {"b": 1}])
+    value = {"type": "object", "not": {"properties": {"kind": {"const": "x"}}}}
+    check(value, valid=[{"kind": "y"}, {"kind": 1, "z": 0}], invalid=[{"kind": "x"}, {}, "s"])
+
+
+def test_if_then_else():
+    schema = {
+        "type": "object",
+        "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}},
+        "required": ["kind"],
+        "if": {"properties": {"kind": {"const": "a"}}},
+        "then": {"required": ["n"]},
+        "else": {"not": {"required": ["n"]}},
+    }
+    check(
+        schema,
+        valid=[{"kind": "a", "n": 1}, {"kind": "b"}],
+        invalid=[{"kind": "a"}, {"kind": "b", "n": 1}],
+    )
+    numbers = {"type": "integer", "if": {"minimum": 10}, "then": {"multipleOf": 10}}
+    check(numbers, valid=[3, 10, 20], invalid=[11])
+
+
+def test_dependencies():
+    schema = {
+        "type": "object",
+        "properties": {"card": {"type": "string"}, "billing": {"type": "string"}},
+        "dependentRequired": {"card": ["billing"]},
+    }
+    check(
+        schema, valid=[{}, {"billing": "x"}, {"card": "1", "billing": "x"}], invalid=[{"card": "1"}]
+    )
+    draft7 = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "dependencies": {"a": {"properties": {"b": {"type": "string"}}, "required": ["b"]}},
+    }
+    check(draft7, valid=[{}, {"a": 1, "b": "x"}], invalid=[{"a": 1}, {"a": 1, "b": 2}])
+
+
+def test_property_names():
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "integer"}, "TOO_LONG": {"type": "integer"}},
+        "propertyNames": {"pattern": "^[a-z]+$", "maxLength": 4},
+    }
+    check(
+        schema, valid=[{"ok": 1}, {"ok": 1, "abc": None}], invalid=[{"TOO_LONG": 1}, {"abcde": 1}]
+    )
+    enum_names = {"type": "object", "propertyNames": {"enum": ["x", "y"]}}
+    check(enum_names, valid=[{}, {"x": 1, "y": 2}], invalid=[{"z": 1}])

@@ -96,6 +96,18 @@ def both(*parts: Node) -> Node:
     return unique[0] if len(unique) == 1 else Both(tuple(unique))
 
 
+def atomic(node: Node) -> Node:
+    """The same language as a one-part intersection, which the automaton builds as a minimal
+    DFA of its own before embedding it. Used for any-value grammars and objects: the
+    enclosing determinisation then starts from their minimal form instead of their NFA
+    (lists like `x (, x)*` hold two NFA copies of x, doubling the subset states at every
+    nesting level; on MaskBench this turns most "grammar too large" schemas, whose minimal
+    DFAs have a few thousand states, into compiled ones)."""
+    if node in (NEVER, EMPTY) or isinstance(node, Regex | Both | Minus):
+        return node
+    return Both((node,))
+
+
 def prune_empty(node: Node, budget: int = 4000) -> Node:
     """NEVER if the node's language is empty, else the node. Intersections and differences
     can be empty (a pattern longer than maxLength, an enum none of whose values passes the

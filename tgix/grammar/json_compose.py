@@ -25,6 +25,42 @@ from tgix.grammar.json_numbers import bounds_keywords, numeric_bounds, tighter
 Resolve = Callable[[str], object]
 
 ALL_TYPES = frozenset({"null", "boolean", "object", "array", "number", "integer", "string"})
+STRING_KEYWORDS = frozenset({"minLength", "maxLength", "pattern", "format"})
+NUMBER_KEYWORDS = frozenset(
+    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+)
+OBJECT_KEYWORDS = frozenset(
+    {"properties", "required", "additionalProperties", "patternProperties", "minProperties"}
+    | {"maxProperties", "propertyNames", "dependentRequired", "dependentSchemas"}
+    | {"dependencies", "unevaluatedProperties"}
+)
+ARRAY_KEYWORDS = frozenset(
+    {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"}
+    | {"contains", "minContains", "maxContains", "unevaluatedItems"}
+)
+LOGIC_KEYWORDS = frozenset({"not", "if", "then", "else", "$dynamicRef", "$recursiveRef"})
+GENERIC_KEYWORDS = frozenset({"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf"})
+ASSERTIONS = (
+    STRING_KEYWORDS | NUMBER_KEYWORDS | OBJECT_KEYWORDS | ARRAY_KEYWORDS | GENERIC_KEYWORDS
+) | LOGIC_KEYWORDS
+KEYWORDS_BY_TYPE = {
+    "string": STRING_KEYWORDS,
+    "number": NUMBER_KEYWORDS,
+    "integer": NUMBER_KEYWORDS,
+    "object": OBJECT_KEYWORDS,
+    "array": ARRAY_KEYWORDS,
+    "boolean": frozenset(),
+    "null": frozenset(),
+}
+
+
+def asserts(schema: object) -> bool:
+    """Whether a schema constrains anything (False for `{}`, annotations, unknown keys)."""
+    if isinstance(schema, bool):
+        return not schema
+    return isinstance(schema, dict) and any(k in ASSERTIONS for k in schema)
+
+
 COMPOSITION = ("allOf", "anyOf", "oneOf")
 _MIN_KEYS = ("minLength", "minItems", "minProperties")
 _MAX_KEYS = ("maxLength", "maxItems", "maxProperties")
@@ -159,11 +195,16 @@ def merge_dicts(a: dict, b: dict, residual: list) -> dict | bool:
             out[key] = min(out[key], value)
         elif key in _MULTI_KEYS:
             left = out[key] if isinstance(out[key], tuple) else (out[key],)
-            out[key] = tuple(dict.fromkeys(left + (value,)))
+            right = value if isinstance(value, tuple) else (value,)
+            out[key] = tuple(dict.fromkeys(left + right))
         elif key == "required":
             out[key] = list(dict.fromkeys([*out[key], *value]))
-        elif key not in ("type", "enum", "const", *_BOUND_KEYS, *_OBJECT_KEYS, *_ARRAY_KEYS):
-            raise MergeFailed
+        elif key == "not":  # not A and not B = not (A or B)
+            out[key] = {"anyOf": [out[key], value]}
+        elif key in ("type", "enum", "const", *_BOUND_KEYS, *_OBJECT_KEYS, *_ARRAY_KEYS):
+            continue  # combined below
+        elif key in ASSERTIONS:
+            residual.append({key: value})
     types = declared_types(a) & declared_types(b)
     if "type" in a or "type" in b:
         if not types:

@@ -8,7 +8,8 @@ minus the declared names (`Minus`), so no declared key can reappear as an extra 
 matching a `patternProperties` pattern gets that pattern's schema (names matching two
 patterns are not generated when there are several patterns: a documented subset).
 `additionalProperties` absent means any value (JSON Schema), or no extra members when the
-`strict` option is set.
+`strict` option is set. `propertyNames` restricts the extra names (intersection) and drops
+declared names it rejects.
 
 Optional properties are chained left to right: P_k, "a non-empty in-order selection of the
 first k members that holds every required one", is P_{k-1} followed by an optional
@@ -26,10 +27,12 @@ from tgix.grammar.json_common import (
     CANONICAL_UNIT,
     NEVER,
     Context,
+    both,
     cat,
     json_string_text,
     minus,
     optional,
+    prune_empty,
     repeat,
     union,
 )
@@ -42,8 +45,9 @@ Compile = Callable[[object], Node]
 KEY = cat(literal('"'), Regex(CANONICAL_UNIT + "*"), literal('"'))
 
 
-def object_node(schema: dict, ctx: Context, compile_: Compile) -> Node:
-    """The JSON text of the objects the schema's object keywords allow."""
+def object_node(schema: dict, ctx: Context, compile_: Compile, names: Node | None = None) -> Node:
+    """The JSON text of the objects the schema's object keywords allow; `names`, when given,
+    is the language of allowed keys (`propertyNames`, JSON text with quotes)."""
     properties = schema.get("properties") or {}
     required = schema.get("required") or []
     patterns = schema.get("patternProperties") or {}
@@ -66,23 +70,34 @@ def object_node(schema: dict, ctx: Context, compile_: Compile) -> Node:
             return additional
         return parts[0] if len(parts) == 1 else {"allOf": parts}
 
+    def allowed(name: str) -> bool:
+        return names is None or prune_empty(both(literal(json_string_text(name)), names)) != NEVER
+
     members: list[tuple[str, Node, bool]] = []
     for name, sub in properties.items():
-        members.append((name, compile_(schema_for(name, sub)), name in required))
+        value = compile_(schema_for(name, sub)) if allowed(name) else NEVER
+        members.append((name, value, name in required))
     for name in dict.fromkeys(required):
         if name not in properties:
-            members.append((name, compile_(schema_for(name, None)), True))
+            value = compile_(schema_for(name, None)) if allowed(name) else NEVER
+            members.append((name, value, True))
 
-    names = [literal(json_string_text(n)) for n in dict.fromkeys([*properties, *required])]
-    declared = union(*names)
+    declared = union(
+        *(literal(json_string_text(n)) for n in dict.fromkeys([*properties, *required]))
+    )
     pattern_keys = {p: cat(literal('"'), Regex(rx), literal('"')) for p, rx in regexes.items()}
     extras = []
+
+    def key_language(key: Node) -> Node:
+        return prune_empty(key if names is None else both(key, names))
+
     for p, key in pattern_keys.items():
         others = union(*(k for q, k in pattern_keys.items() if q != p))
         if others != NEVER:
             ctx.approximate("names matching several patternProperties are not generated")
-        extras.append((minus(minus(key, declared), others), compile_(patterns[p])))
-    extras.append((minus(KEY, union(declared, *pattern_keys.values())), compile_(additional)))
+        extras.append((key_language(minus(minus(key, declared), others)), compile_(patterns[p])))
+    rest_key = key_language(minus(KEY, union(declared, *pattern_keys.values())))
+    extras.append((rest_key, compile_(additional)))
     return _assemble(ctx, members, extras, schema)
 
 

@@ -28,27 +28,26 @@ raise `GrammarError` naming the keyword.
 
 from __future__ import annotations
 
-from urllib.parse import unquote, urljoin
-
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_arrays import array_node
 from tgix.grammar.json_common import (
     NEVER,
     Context,
+    atomic,
     both,
     cat,
     json_type,
-    minus,
     prune_empty,
     union,
 )
 from tgix.grammar.json_common import value_literal as _value_literal
-from tgix.grammar.json_compose import (
-    Merger,
-    declared_types,
-    disjoint,
-    enum_values,
-    type_set,
+from tgix.grammar.json_compose import KEYWORDS_BY_TYPE, Merger, asserts, declared_types, enum_values
+from tgix.grammar.json_logic import (
+    compile_if,
+    compile_not,
+    compile_one_of,
+    dependency_variants,
+    unsupported,
 )
 from tgix.grammar.json_numbers import (
     CANONICAL_INTEGER,
@@ -63,45 +62,13 @@ from tgix.grammar.json_numbers import (
     to_decimal,
 )
 from tgix.grammar.json_objects import KEY, object_node
+from tgix.grammar.json_refs import Resolver
 from tgix.grammar.json_strings import as_tuple, string_node
 from tgix.grammar.options import GrammarOptions
 from tgix.grammar.regex_tree import Node, Regex, literal
 
-STRING_KEYWORDS = frozenset({"minLength", "maxLength", "pattern", "format"})
-NUMBER_KEYWORDS = frozenset(
-    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
-)
-OBJECT_KEYWORDS = frozenset(
-    {"properties", "required", "additionalProperties", "patternProperties", "minProperties"}
-    | {"maxProperties", "propertyNames", "dependentRequired", "dependentSchemas"}
-    | {"dependencies", "unevaluatedProperties"}
-)
-ARRAY_KEYWORDS = frozenset(
-    {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"}
-    | {"contains", "minContains", "maxContains", "unevaluatedItems"}
-)
-GENERIC_KEYWORDS = frozenset({"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf"})
-UNSUPPORTED = frozenset({"not", "if", "$dynamicRef", "$recursiveRef"})
-ASSERTIONS = (
-    STRING_KEYWORDS | NUMBER_KEYWORDS | OBJECT_KEYWORDS | ARRAY_KEYWORDS | GENERIC_KEYWORDS
-) | UNSUPPORTED
-_BY_TYPE = {
-    "string": STRING_KEYWORDS,
-    "number": NUMBER_KEYWORDS,
-    "integer": NUMBER_KEYWORDS,
-    "object": OBJECT_KEYWORDS,
-    "array": ARRAY_KEYWORDS,
-    "boolean": frozenset(),
-    "null": frozenset(),
-}
 _DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7))
 _DRAFTS += (("2019-09", 2019), ("2020-12", 2020))
-
-
-def unsupported(keyword: str, detail: str = "") -> GrammarError:
-    return GrammarError(f"JSON Schema keyword {keyword!r} is not supported{detail}")
-
-
 _DEFAULT_OPTIONS = GrammarOptions()
 
 
@@ -111,14 +78,13 @@ def schema_to_tree(
     """Returns the regex tree (tgix.grammar.regex_tree nodes) matching exactly the JSON text
     the grammar allows, and a list of human-readable notes (e.g. 'recursive $ref
     #/$defs/node unrolled to depth 3'). Raises GrammarError naming an unsupported keyword."""
-    return _Converter(schema, options).run()
+    return Converter(schema, options).run()
 
 
-def _asserts(schema: dict) -> bool:
-    return any(k in ASSERTIONS for k in schema)
+class Converter:
+    """One conversion: the resolver, the merger, the recursion state and the memo of compiled
+    `$ref` targets. `canonical` is set while compiling the two sides of a subtraction."""
 
-
-class _Converter:
     def __init__(self, root: object, options: GrammarOptions):
         if not isinstance(root, dict | bool):
             raise GrammarError("a JSON Schema must be an object or a boolean")
@@ -128,13 +94,7 @@ class _Converter:
         marker = root.get("$schema", "") if isinstance(root, dict) else ""
         marker = marker if isinstance(marker, str) else ""
         self.draft = next((d for m, d in _DRAFTS if m in marker), 2020)
-        self.base = ""
-        self.ids: dict[str, object] = {}
-        self.anchors: dict[str, object] = {}
-        if isinstance(root, dict):
-            root_id = root.get("$id", root.get("id"))
-            self.base = root_id if isinstance(root_id, str) else ""
-            self._index(root)
+        self.resolve = Resolver(root)
         self.merger = Merger(self.resolve, ignore_ref_siblings=self.draft <= 7)
         self.active: dict[int, int] = {id(root): 1}
         self.cut_refs: list[str] = []
@@ -152,54 +112,9 @@ class _Converter:
             raise GrammarError("the JSON Schema admits no value")
         return node, list(self.ctx.notes)
 
-    # --- references -------------------------------------------------------------------
-
-    def _index(self, node: object) -> None:
-        if isinstance(node, list):
-            for item in node:
-                self._index(item)
-            return
-        if not isinstance(node, dict):
-            return
-        for key in ("$id", "id"):
-            value = node.get(key)
-            if isinstance(value, str) and not isinstance(node.get("type"), dict):
-                if value.startswith("#"):
-                    self.anchors.setdefault(value[1:], node)
-                else:
-                    for name in (value, urljoin(self.base, value)):
-                        self.ids.setdefault(name.rstrip("#"), node)
-        if isinstance(node.get("$anchor"), str):
-            self.anchors.setdefault(node["$anchor"], node)
-        for key, value in node.items():
-            if key not in ("enum", "const", "default", "examples", "example"):
-                self._index(value)
-
-    def resolve(self, ref: object) -> object:
-        if not isinstance(ref, str):
-            raise GrammarError("JSON Schema keyword '$ref' must be a string")
-        uri, _, fragment = ref.partition("#")
-        doc = self.root
-        if uri:
-            doc = self.ids.get(urljoin(self.base, uri).rstrip("#"), self.ids.get(uri))
-            if doc is None:
-                raise unsupported("$ref", f" to an external document ({ref!r})")
-        fragment = unquote(fragment)
-        if fragment and not fragment.startswith("/"):
-            if fragment not in self.anchors:
-                raise GrammarError(f"$ref {ref!r} does not resolve")
-            return self.anchors[fragment]
-        for token in fragment.split("/")[1:]:
-            token = token.replace("~1", "/").replace("~0", "~")
-            if isinstance(doc, dict) and token in doc:
-                doc = doc[token]
-            elif isinstance(doc, list) and token.isdigit() and int(token) < len(doc):
-                doc = doc[int(token)]
-            else:
-                raise GrammarError(f"$ref {ref!r} does not resolve")
-        return doc
-
     def compile_ref(self, ref: object) -> Node:
+        """A `$ref` target, compiled once (unless a recursion cut happened inside) and cut
+        where it is already being expanded max_recursion_depth times."""
         target = self.resolve(ref)
         key = (id(target), self.canonical)
         if key in self.memo:
@@ -232,33 +147,41 @@ class _Converter:
             return NEVER
         if not isinstance(schema, dict):
             raise GrammarError(f"a JSON Schema must be an object or a boolean, got {schema!r}")
-        for keyword in UNSUPPORTED:
+        for keyword in ("$dynamicRef", "$recursiveRef"):
             if keyword in schema:
                 raise unsupported(keyword)
-        if not _asserts(schema):
+        if not asserts(schema):
             return self.any_value()
+
+        def rest(*names: str) -> dict:
+            return {k: v for k, v in schema.items() if k not in names}
+
         if "$ref" in schema:
-            siblings = {k: v for k, v in schema.items() if k != "$ref"}
-            if self.draft <= 7 or not _asserts(siblings):
+            if self.draft <= 7 or not asserts(rest("$ref")):
                 return self.compile_ref(schema["$ref"])
-            return self.compile_all([{"$ref": schema["$ref"]}, siblings])
+            return self.compile_all([{"$ref": schema["$ref"]}, rest("$ref")])
         for keyword in ("allOf", "anyOf", "oneOf"):
             if keyword in schema and (not isinstance(schema[keyword], list) or not schema[keyword]):
                 raise GrammarError(f"JSON Schema keyword {keyword!r} must be a non-empty array")
         if "allOf" in schema:
-            rest = {k: v for k, v in schema.items() if k != "allOf"}
-            return self.compile_all([*schema["allOf"], rest])
+            return self.compile_all([*schema["allOf"], rest("allOf")])
+        if "not" in schema:
+            return compile_not(self, rest("not"), schema["not"])
+        if "if" in schema:
+            return compile_if(self, rest("if", "then", "else"), schema)
+        names = ("dependencies", "dependentRequired", "dependentSchemas")
+        variants = dependency_variants(schema)
+        if variants is not None:
+            return union(*(self.compile_all([rest(*names), *v]) for v in variants))
         if "anyOf" in schema:
-            rest = {k: v for k, v in schema.items() if k != "anyOf"}
-            return union(*(self.compile_all([rest, b]) for b in schema["anyOf"]))
+            return union(*(self.compile_all([rest("anyOf"), b]) for b in schema["anyOf"]))
         if "oneOf" in schema:
-            rest = {k: v for k, v in schema.items() if k != "oneOf"}
-            return self.compile_one_of(rest, schema["oneOf"])
+            return compile_one_of(self, rest("oneOf"), schema["oneOf"])
         return self.compile_plain(schema)
 
     def compile_all(self, parts: list) -> Node:
         """The conjunction of schemas: merged where possible, the rest intersected."""
-        parts = [p for p in parts if not (isinstance(p, dict) and not _asserts(p))]
+        parts = [p for p in parts if asserts(p)]
         if len(parts) <= 1:
             return self.compile(parts[0] if parts else True)
         merged, residual = self.merger.merge_all(parts)
@@ -276,63 +199,11 @@ class _Converter:
             for target in inlined:
                 self.active[id(target)] -= 1
 
-    def compile_one_of(self, rest: dict, branches: list) -> Node:
-        flat = [self.merger.merge_all([rest, b])[0] for b in branches]
-        self.merger.take_inlined()
-        overlaps = [
-            [j for j in range(len(flat)) if j != i and not disjoint(flat[i], flat[j], self.resolve)]
-            for i in range(len(flat))
-        ]
-        nodes = []
-        for i, branch in enumerate(branches):
-            if not overlaps[i]:
-                nodes.append(self.compile_all([rest, branch]))
-            elif isinstance(flat[i], dict) and type_set(flat[i]) <= {"object"}:
-                nodes.append(self._exclude_required(rest, branches, flat, i, overlaps[i]))
-            else:
-                nodes.append(self._subtract(rest, branches, flat, i, overlaps[i]))
-        return union(*nodes)
-
-    def _exclude_required(self, rest, branches, flat, i, others) -> Node:
-        """Object branch i without the objects that hold a property another branch requires
-        (a subset of "i and not j")."""
-        mine = flat[i]
-        forbidden = {}
-        for j in others:
-            theirs = flat[j] if isinstance(flat[j], dict) else {}
-            keys = [k for k in theirs.get("required", []) if k not in mine.get("required", [])]
-            if not keys:
-                raise unsupported("oneOf", f": branches {i} and {j} may overlap")
-            keys.sort(key=lambda k: k in mine.get("properties", {}))
-            forbidden[keys[0]] = False
-            self.ctx.approximate(
-                f"oneOf branch {i}: objects with property {keys[0]!r} are not generated"
-            )
-        return self.compile_all([rest, branches[i], {"properties": forbidden}])
-
-    def _subtract(self, rest, branches, flat, i, others) -> Node:
-        """Branch i minus the branches it may overlap, all in canonical spelling; the
-        subtracted branches must be exact and hold no objects or arrays."""
-        saved, self.canonical = self.canonical, True
-        try:
-            keep = self.compile_all([rest, branches[i]])
-            drops = []
-            for j in others:
-                if not isinstance(flat[j], dict) or type_set(flat[j]) & {"object", "array"}:
-                    raise unsupported("oneOf", f": branches {i} and {j} may overlap")
-                before = self.ctx.approximations
-                drops.append(self.compile_all([rest, branches[j]]))
-                if self.ctx.approximations != before:
-                    raise unsupported("oneOf", f": branches {i} and {j} may overlap")
-        finally:
-            self.canonical = saved
-        return prune_empty(minus(keep, union(*drops)))
-
     # --- types ------------------------------------------------------------------------
 
     def compile_plain(self, schema: dict) -> Node:
         types = declared_types(schema)
-        unknown = types - set(_BY_TYPE)
+        unknown = types - set(KEYWORDS_BY_TYPE)
         if unknown:
             raise GrammarError(f"unknown JSON Schema type {sorted(unknown)[0]!r}")
         values = enum_values(schema)
@@ -358,7 +229,7 @@ class _Converter:
         value_types = {json_type(v) for v in values}
         layout = self.ctx.layout
         node = union(*(_value_literal(v, layout, self.canonical) for v in values))
-        relevant = set().union(*(_BY_TYPE[t] for t in value_types)) if value_types else set()
+        relevant = set().union(*(KEYWORDS_BY_TYPE[t] for t in value_types))
         rest = {k: v for k, v in schema.items() if k in relevant}
         if not rest or node == NEVER:
             return node
@@ -405,10 +276,14 @@ class _Converter:
     def object(self, schema: dict) -> Node:
         if "unevaluatedProperties" in schema and "additionalProperties" not in schema:
             schema = {**schema, "additionalProperties": schema["unevaluatedProperties"]}
-        for keyword in ("propertyNames", "dependentRequired", "dependentSchemas", "dependencies"):
-            if schema.get(keyword) not in (None, {}, True):
-                raise unsupported(keyword)
-        return object_node(schema, self.ctx, self.compile)
+        names = None
+        if asserts(schema.get("propertyNames", True)):
+            saved, self.canonical = self.canonical, True  # keys are canonical strings
+            try:
+                names = self.compile_all([schema["propertyNames"], {"type": "string"}])
+            finally:
+                self.canonical = saved
+        return atomic(object_node(schema, self.ctx, self.compile, names))
 
     def any_value(self) -> Node:
         key = ("any", self.canonical)
@@ -430,6 +305,6 @@ class _Converter:
             array = layout.container("[", "]", layout.separated(value, value, 0, None), True)
             member = layout.member(KEY, value)
             obj = layout.container("{", "}", layout.separated(member, member, 0, None), True)
-            value = union(scalars, array, obj)
+            value = atomic(union(scalars, array, obj))
         self.memo[key] = (value, 1)
         return value

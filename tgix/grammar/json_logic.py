@@ -1,0 +1,205 @@
+"""Keywords that choose or negate: `oneOf`, `not`, `if` / `then` / `else`,
+`dependentRequired` / `dependentSchemas` / `dependencies`.
+
+A regular language is closed under difference, but the object grammar fixes the property
+order, so a difference of two object grammars would let through objects that the subtracted
+schema accepts in another order. Negation is therefore rewritten at the schema level where it
+concerns objects, and done by `Minus` only where the subtracted grammar is exact and holds no
+objects or arrays (everything then in canonical spelling, so no value has a second text):
+- `not`: `false`/`true`, types (complemented), object conditions (`required`, `properties`:
+  "lacks a required name, or has a property whose value fails its schema" as a union of
+  object schemas), `anyOf` of those (product of the alternatives, at most 8), else `Minus`.
+- `oneOf`: branches that are provably disjoint are alternatives; an object branch
+  overlapping another loses the objects holding a name the other requires (a documented
+  subset); other overlaps are subtracted with `Minus`; anything else raises.
+- `if`/`then`/`else`: (if and then) or (not if and else).
+- dependencies: for each name, "absent" or "present with its dependency", expanded for up
+  to 3 names.
+Whatever cannot be expressed raises `GrammarError` naming the keyword.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+from tgix.grammar.errors import GrammarError
+from tgix.grammar.json_common import NEVER, minus, prune_empty, union
+from tgix.grammar.json_compose import ALL_TYPES, OBJECT_KEYWORDS, asserts, disjoint, type_set
+from tgix.grammar.regex_tree import Node
+
+if TYPE_CHECKING:
+    from tgix.grammar.json_schema import Converter
+
+MAX_VARIANTS = 8
+
+
+def unsupported(keyword: str, detail: str = "") -> GrammarError:
+    return GrammarError(f"JSON Schema keyword {keyword!r} is not supported{detail}")
+
+
+def _flat(conv: Converter, schema: object) -> object:
+    merged, _ = conv.merger.merge_all([schema])
+    conv.merger.take_inlined()
+    return merged
+
+
+def _types(schema: object) -> frozenset[str]:
+    if isinstance(schema, dict):
+        return type_set(schema)
+    return ALL_TYPES if schema is True else frozenset()
+
+
+def _type_list(types: frozenset[str]) -> list[str]:
+    return sorted(types - {"integer"} if "number" in types else types)
+
+
+def _negate(conv: Converter, schema: object, depth: int = 0) -> list | None:
+    """Schemas whose union is the complement of `schema`, or None when that takes a
+    subtraction of grammars."""
+    schema = _flat(conv, schema)
+    if schema is False:
+        return [True]
+    if not asserts(schema) or depth > 3:
+        return [] if not asserts(schema) else None
+    keys = {k for k in schema if asserts({k: schema[k]})}
+    theirs = type_set(schema)
+    others = ALL_TYPES - theirs
+    if keys <= {"type"}:
+        if "number" in others and "integer" not in others:
+            return None  # "a number that is not an integer" is a subtraction
+        return [{"type": _type_list(others)}] if others else []
+    if keys <= {"type", "required", "properties"} and theirs >= {"object"}:
+        variants: list = [{"type": _type_list(others)}] if "type" in keys and others else []
+        for name in schema.get("required", []):
+            variants.append({"type": "object", "properties": {name: False}})
+        for name, sub in schema.get("properties", {}).items():
+            if sub is not True and sub != {}:
+                variants.append(
+                    {"type": "object", "required": [name], "properties": {name: {"not": sub}}}
+                )
+        return variants if len(variants) <= MAX_VARIANTS else None
+    if keys == {"anyOf"}:
+        parts = [_negate(conv, b, depth + 1) for b in schema["anyOf"]]
+        if any(p is None for p in parts):
+            return None
+        combos = list(itertools.islice(itertools.product(*parts), MAX_VARIANTS + 1))
+        if len(combos) > MAX_VARIANTS:
+            return None
+        return [{"allOf": list(c)} for c in combos]
+    return None
+
+
+def compile_not(conv: Converter, rest: dict, negated: object) -> Node:
+    """`rest` and not `negated`."""
+    keep = _flat(conv, rest)
+    if keep is False:
+        return NEVER
+    theirs = _types(_flat(conv, negated))
+    if not _types(keep) & theirs:
+        return conv.compile(rest)
+    variants = _negate(conv, negated)
+    if variants is not None:
+        return union(*(conv.compile_all([rest, v]) for v in variants))
+    common = {"type": _type_list(_types(keep) & theirs)}
+    return subtract(conv, rest, [{"allOf": [negated, common]}], "not")
+
+
+def subtract(conv: Converter, keep: object, drops: list, keyword: str) -> Node:
+    """`keep` minus the union of `drops` with `Minus`, all compiled in canonical spelling;
+    the drops must compile exactly and hold no objects or arrays."""
+    saved, conv.canonical = conv.canonical, True
+    try:
+        kept = conv.compile(keep)
+        nodes = []
+        for drop in drops:
+            if _types(_flat(conv, drop)) & {"object", "array"}:
+                raise unsupported(keyword, ": it would subtract object or array grammars")
+            before = conv.ctx.approximations
+            nodes.append(conv.compile(drop))
+            if conv.ctx.approximations != before:
+                raise unsupported(keyword, ": it would subtract an approximated grammar")
+    finally:
+        conv.canonical = saved
+    return prune_empty(minus(kept, union(*nodes)))
+
+
+def _object_only(schema: object) -> bool:
+    """Only object keywords: every non-object value satisfies the schema."""
+    if not isinstance(schema, dict) or not asserts(schema):
+        return False
+    return all(k in OBJECT_KEYWORDS or not asserts({k: v}) for k, v in schema.items())
+
+
+def compile_one_of(conv: Converter, rest: dict, branches: list) -> Node:
+    alone = [_flat(conv, b) for b in branches]
+    if len(branches) > 1 and all(_object_only(b) for b in alone):
+        # a non-object satisfies every branch, so more than one: only objects qualify
+        branches = [{"allOf": [b, {"type": "object"}]} for b in branches]
+    flat = [_flat(conv, {"allOf": [rest, b]}) for b in branches]
+    overlaps = [
+        [j for j in range(len(flat)) if j != i and not disjoint(flat[i], flat[j], conv.resolve)]
+        for i in range(len(flat))
+    ]
+    nodes = []
+    for i, branch in enumerate(branches):
+        mine = {"allOf": [rest, branch]}
+        if not overlaps[i]:
+            nodes.append(conv.compile(mine))
+        elif isinstance(flat[i], dict) and type_set(flat[i]) <= {"object"}:
+            nodes.append(_exclude_required(conv, mine, flat, i, overlaps[i]))
+        else:
+            drops = [{"allOf": [rest, branches[j]]} for j in overlaps[i]]
+            nodes.append(subtract(conv, mine, drops, "oneOf"))
+    return union(*nodes)
+
+
+def _exclude_required(conv: Converter, mine: dict, flat: list, i: int, others: list) -> Node:
+    """Object branch i without the objects holding a name another branch requires: a subset
+    of "i and not the others"."""
+    required = flat[i].get("required", [])
+    forbidden = {}
+    for j in others:
+        theirs = flat[j].get("required", []) if isinstance(flat[j], dict) else []
+        names = [n for n in theirs if n not in required]
+        if not names:
+            raise unsupported("oneOf", f": branches {i} and {j} may overlap")
+        names.sort(key=lambda n: n in flat[i].get("properties", {}))
+        forbidden[names[0]] = False
+        conv.ctx.approximate(f"oneOf branch {i}: objects with {names[0]!r} are not generated")
+    return conv.compile_all([mine, {"properties": forbidden}])
+
+
+def compile_if(conv: Converter, rest: dict, schema: dict) -> Node:
+    """(if and then) or (not if and else)."""
+    condition = schema["if"]
+    then, else_ = schema.get("then", True), schema.get("else", True)
+    try:
+        otherwise = conv.compile_all([rest, else_, {"not": condition}])
+    except GrammarError as e:
+        raise unsupported("if", f" here ({e})") from e
+    return union(conv.compile_all([rest, condition, then]), otherwise)
+
+
+def dependency_variants(schema: dict) -> list[list] | None:
+    """For each dependency, the schemas "name absent" and "name present with its
+    dependency"; None when there are none."""
+    deps: dict[str, object] = {}
+    for keyword in ("dependencies", "dependentRequired", "dependentSchemas"):
+        value = schema.get(keyword) or {}
+        if not isinstance(value, dict):
+            raise GrammarError(f"JSON Schema keyword {keyword!r} must be an object")
+        deps.update(value)
+    if not deps:
+        return None
+    if len(deps) > 3:
+        raise unsupported("dependencies", " with more than 3 names")
+    choices = []
+    for name, dep in deps.items():
+        present = (
+            {"required": [name, *dep]}
+            if isinstance(dep, list)
+            else {"required": [name], "allOf": [dep]}
+        )
+        choices.append([{"properties": {name: False}}, present])
+    return [list(c) for c in itertools.product(*choices)]
