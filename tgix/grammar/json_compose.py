@@ -19,47 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tgix.grammar.json_common import json_equal, json_type
-from tgix.grammar.json_numbers import bounds_keywords, numeric_bounds, tighter
+from tgix.grammar.json_common import json_equal
+from tgix.grammar.json_keywords import (
+    ASSERTIONS,
+    bounds_keywords,
+    declared_types,
+    enum_values,
+    numeric_bounds,
+    tighter,
+    type_set,
+)
 
 Resolve = Callable[[str], object]
-
-ALL_TYPES = frozenset({"null", "boolean", "object", "array", "number", "integer", "string"})
-STRING_KEYWORDS = frozenset({"minLength", "maxLength", "pattern", "format"})
-NUMBER_KEYWORDS = frozenset(
-    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
-)
-OBJECT_KEYWORDS = frozenset(
-    {"properties", "required", "additionalProperties", "patternProperties", "minProperties"}
-    | {"maxProperties", "propertyNames", "dependentRequired", "dependentSchemas"}
-    | {"dependencies", "unevaluatedProperties"}
-)
-ARRAY_KEYWORDS = frozenset(
-    {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"}
-    | {"contains", "minContains", "maxContains", "unevaluatedItems"}
-)
-LOGIC_KEYWORDS = frozenset({"not", "if", "then", "else", "$dynamicRef", "$recursiveRef"})
-GENERIC_KEYWORDS = frozenset({"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf"})
-ASSERTIONS = (
-    STRING_KEYWORDS | NUMBER_KEYWORDS | OBJECT_KEYWORDS | ARRAY_KEYWORDS | GENERIC_KEYWORDS
-) | LOGIC_KEYWORDS
-KEYWORDS_BY_TYPE = {
-    "string": STRING_KEYWORDS,
-    "number": NUMBER_KEYWORDS,
-    "integer": NUMBER_KEYWORDS,
-    "object": OBJECT_KEYWORDS,
-    "array": ARRAY_KEYWORDS,
-    "boolean": frozenset(),
-    "null": frozenset(),
-}
-
-
-def asserts(schema: object) -> bool:
-    """Whether a schema constrains anything (False for `{}`, annotations, unknown keys)."""
-    if isinstance(schema, bool):
-        return not schema
-    return isinstance(schema, dict) and any(k in ASSERTIONS for k in schema)
-
 
 COMPOSITION = ("allOf", "anyOf", "oneOf")
 _MIN_KEYS = ("minLength", "minItems", "minProperties")
@@ -72,35 +43,6 @@ _ARRAY_KEYS = ("items", "prefixItems", "additionalItems")
 
 class MergeFailed(Exception):
     """Two schemas whose conjunction is not one schema (the caller intersects grammars)."""
-
-
-def declared_types(schema: dict) -> frozenset[str]:
-    """The `type` keyword as a set, 'number' including 'integer'; all types when absent."""
-    t = schema.get("type")
-    if t is None:
-        return ALL_TYPES
-    names = frozenset([t] if isinstance(t, str) else t)
-    return names | {"integer"} if "number" in names else names
-
-
-def enum_values(schema: dict) -> list | None:
-    """`enum` and `const` combined; None when neither is present."""
-    values = None
-    if "enum" in schema:
-        values = list(schema["enum"]) if isinstance(schema["enum"], list) else None
-    if "const" in schema:
-        const = schema["const"]
-        values = [const] if values is None else [v for v in values if json_equal(v, const)]
-    return values
-
-
-def type_set(schema: dict) -> frozenset[str]:
-    """Types of the instances a schema can have, as far as `type` and `enum` tell."""
-    types = declared_types(schema)
-    values = enum_values(schema)
-    if values is not None:
-        types &= frozenset(json_type(v) for v in values)
-    return types
 
 
 def conj(a: object, b: object) -> object:

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_common import NEVER, minus, prune_empty, union
-from tgix.grammar.json_compose import ALL_TYPES, OBJECT_KEYWORDS, asserts, disjoint, type_set
+from tgix.grammar.json_compose import disjoint
+from tgix.grammar.json_keywords import ALL_TYPES, OBJECT_KEYWORDS, asserts, type_set
 from tgix.grammar.regex_tree import Node
 
 if TYPE_CHECKING:

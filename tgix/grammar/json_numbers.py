@@ -241,68 +241,6 @@ def multiple_of(k: Decimal, integer: bool) -> str:
     return "-?" + _alt(parts)
 
 
-Bounds = tuple[Decimal | None, bool, Decimal | None, bool]
-
-
-def to_decimal(value: object, name: str) -> Decimal:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise GrammarError(f"JSON Schema keyword {name!r} must be a number")
-    return Decimal(value) if isinstance(value, int) else Decimal(repr(value))
-
-
-def numeric_bounds(schema: dict) -> Bounds:
-    """(low, low exclusive, high, high exclusive) from minimum / maximum / exclusiveMinimum /
-    exclusiveMaximum, in both the draft-4 (boolean exclusive*) and draft-6+ forms; the
-    tightest bound wins."""
-    lo: Decimal | None = None
-    hi: Decimal | None = None
-    lo_strict = hi_strict = False
-    for key, upper in (("minimum", False), ("maximum", True)):
-        if key in schema:
-            value = to_decimal(schema[key], key)
-            strict = schema.get("exclusiveM" + key[1:]) is True
-            if upper:
-                hi, hi_strict = value, strict
-            else:
-                lo, lo_strict = value, strict
-    for key, upper in (("exclusiveMinimum", False), ("exclusiveMaximum", True)):
-        value = schema.get(key)
-        if value is None or isinstance(value, bool):
-            continue
-        value = to_decimal(value, key)
-        if upper and (hi is None or value <= hi):
-            hi, hi_strict = value, True
-        elif not upper and (lo is None or value >= lo):
-            lo, lo_strict = value, True
-    return lo, lo_strict, hi, hi_strict
-
-
-def tighter(a: Bounds, b: Bounds) -> Bounds:
-    """The intersection of two intervals."""
-    lo, lo_strict, hi, hi_strict = a
-    b_lo, b_lo_strict, b_hi, b_hi_strict = b
-    if b_lo is not None and (lo is None or b_lo > lo or (b_lo == lo and b_lo_strict)):
-        lo, lo_strict = b_lo, b_lo_strict
-    if b_hi is not None and (hi is None or b_hi < hi or (b_hi == hi and b_hi_strict)):
-        hi, hi_strict = b_hi, b_hi_strict
-    return lo, lo_strict, hi, hi_strict
-
-
-def bounds_keywords(bounds: Bounds) -> dict:
-    """Draft-6+ keywords expressing the interval."""
-    lo, lo_strict, hi, hi_strict = bounds
-    out: dict = {}
-    if lo is not None:
-        out["exclusiveMinimum" if lo_strict else "minimum"] = _plain(lo)
-    if hi is not None:
-        out["exclusiveMaximum" if hi_strict else "maximum"] = _plain(hi)
-    return out
-
-
-def _plain(value: Decimal) -> int | float:
-    return int(value) if value == value.to_integral_value() else float(value)
-
-
 def canonical_number_text(value: int | float) -> str:
     """The canonical spelling of a number: plain decimal, no exponent, no trailing zeros."""
     d = Decimal(value) if isinstance(value, int) else Decimal(repr(value))

@@ -21,88 +21,15 @@ from __future__ import annotations
 import string
 
 from tgix.grammar.errors import GrammarError
-from tgix.grammar.regex_tree import escape
-
-Ranges = list[tuple[int, int]]
-
-_MAX = 0x10FFFF
-_DIGIT: Ranges = [(0x30, 0x39)]
-_WORD: Ranges = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
-_SPACE: Ranges = [(0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A)]
-_SPACE += [(0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000)]
-_SPACE += [(0xFEFF, 0xFEFF)]
-_LINE_TERMINATORS: Ranges = [(0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029)]
-_CLASS_ESCAPES = {"d": _DIGIT, "w": _WORD, "s": _SPACE}
-_CONTROL_ESCAPES = {"t": 9, "n": 10, "v": 11, "f": 12, "r": 13}
-_SYNTAX = set("^$\\.*+?()[]{}|/")
-_SHORT = {0x22: '\\\\"', 0x5C: r"\\\\", 8: r"\\b", 12: r"\\f", 10: r"\\n", 13: r"\\r", 9: r"\\t"}
-_SPECIALS = [0x22, 0x5C, *range(0x20)]
-
-
-def _normalize(ranges: Ranges) -> Ranges:
-    out: Ranges = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
-
-
-def _complement(ranges: Ranges) -> Ranges:
-    out, start = [], 0
-    for lo, hi in _normalize(ranges):
-        if lo > start:
-            out.append((start, lo - 1))
-        start = hi + 1
-    if start <= _MAX:
-        out.append((start, _MAX))
-    return out
-
-
-def _subtract(ranges: Ranges, cut: Ranges) -> Ranges:
-    return _complement(_complement(ranges) + cut)
-
-
-def _class_char(cp: int) -> str:
-    ch = chr(cp)
-    return "\\" + ch if ch in "\\]^-[" else ch
-
-
-def charset_regex(ranges: Ranges) -> str | None:
-    """Regex for the JSON text of one character of the set: the raw characters as a class,
-    the ones JSON must escape as their canonical escapes. None if the set is empty."""
-    ranges = _normalize(ranges)
-    parts = []
-    raw = _subtract(ranges, [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C), (0xD800, 0xDFFF)])
-    if len(raw) == 1 and raw[0][0] == raw[0][1]:
-        parts.append(escape(chr(raw[0][0])))
-    elif raw:
-        big = sum(hi - lo + 1 for lo, hi in raw) > 0x10000
-        if big:  # write large sets as a negated class (interegular's `anything_else`)
-            rest = [(max(lo, 0x20), hi) for lo, hi in _complement(raw) if hi >= 0x20]
-            body = "".join(_class_range(lo, hi) for lo, hi in rest)
-            parts.append(f'[^"\\\\\\x00-\\x1f{body}]')
-        else:
-            parts.append("[" + "".join(_class_range(lo, hi) for lo, hi in raw) + "]")
-    members = [c for c in _SPECIALS if any(lo <= c <= hi for lo, hi in ranges)]
-    if len(members) == len(_SPECIALS):
-        parts.append(r'\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f])')
-    else:
-        parts.extend(_SHORT.get(c, f"\\\\u00{c:02x}") for c in members)
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
-
-
-def _class_range(lo: int, hi: int) -> str:
-    """Class syntax for [lo, hi], leaving out UTF-16 surrogates (not characters in UTF-8)."""
-    pieces = [(lo, min(hi, 0xD7FF)), (max(lo, 0xE000), hi)]
-    out = []
-    for a, b in pieces:
-        if a <= b:
-            out.append(_class_char(a) if a == b else _class_char(a) + "-" + _class_char(b))
-    return "".join(out)
+from tgix.grammar.json_charsets import (
+    CLASS_ESCAPES,
+    CONTROL_ESCAPES,
+    LINE_TERMINATORS,
+    MAX_CODE_POINT,
+    Ranges,
+    charset_regex,
+    complement,
+)
 
 
 class _Parser:
@@ -202,7 +129,7 @@ class _Parser:
             return self.char_class()
         if ch == ".":
             self.pos += 1
-            return charset_regex(_complement(_LINE_TERMINATORS)) or ""
+            return charset_regex(complement(LINE_TERMINATORS)) or ""
         if ch == "\\":
             self.pos += 1
             return self.atom_escape()
@@ -254,10 +181,10 @@ class _Parser:
 
     def atom_escape(self) -> str:
         ch = self.peek()
-        if ch in _CLASS_ESCAPES or ch.lower() in _CLASS_ESCAPES:
+        if ch in CLASS_ESCAPES or ch.lower() in CLASS_ESCAPES:
             self.pos += 1
-            ranges = _CLASS_ESCAPES[ch.lower()]
-            return charset_regex(ranges if ch.islower() else _complement(ranges)) or ""
+            ranges = CLASS_ESCAPES[ch.lower()]
+            return charset_regex(ranges if ch.islower() else complement(ranges)) or ""
         if ch in "bB":
             raise self.fail("a word boundary")
         if ch.isdigit() and ch != "0":
@@ -275,8 +202,8 @@ class _Parser:
         if not ch:
             raise GrammarError(f"JSON Schema pattern {self.src!r}: trailing backslash")
         self.pos += 1
-        if ch in _CONTROL_ESCAPES:
-            return _CONTROL_ESCAPES[ch]
+        if ch in CONTROL_ESCAPES:
+            return CONTROL_ESCAPES[ch]
         if ch == "0" and not self.peek().isdigit():
             return 0
         if ch == "c" and self.peek().isalpha():
@@ -293,7 +220,7 @@ class _Parser:
             if self.peek() == "{" and close > 0 and _is_hex(self.src[self.pos + 1 : close], 0):
                 value = int(self.src[self.pos + 1 : close], 16)
                 self.pos = close + 1
-                return value if value <= _MAX else None
+                return value if value <= MAX_CODE_POINT else None
             return None
         if ch.isalnum() or ch == "_":
             return None  # \p, \A, \Z, ...: Unicode properties, Python-only or undefined
@@ -318,7 +245,7 @@ class _Parser:
                     continue
                 self.pos = save  # a class escape next to '-': the '-' is literal
             ranges.extend([(low, low)] if isinstance(low, int) else low)
-        ranges = _complement(ranges) if negate else ranges
+        ranges = complement(ranges) if negate else ranges
         return charset_regex(ranges) or "[]"
 
     def class_atom(self) -> int | Ranges:
@@ -330,10 +257,10 @@ class _Parser:
             return ord(ch)
         self.pos += 1
         ch = self.peek()
-        if ch.lower() in _CLASS_ESCAPES:
+        if ch.lower() in CLASS_ESCAPES:
             self.pos += 1
-            ranges = _CLASS_ESCAPES[ch.lower()]
-            return ranges if ch.islower() else _complement(ranges)
+            ranges = CLASS_ESCAPES[ch.lower()]
+            return ranges if ch.islower() else complement(ranges)
         if ch == "b":
             self.pos += 1
             return 8

@@ -41,7 +41,15 @@ from tgix.grammar.json_common import (
     union,
 )
 from tgix.grammar.json_common import value_literal as _value_literal
-from tgix.grammar.json_compose import KEYWORDS_BY_TYPE, Merger, asserts, declared_types, enum_values
+from tgix.grammar.json_compose import Merger
+from tgix.grammar.json_keywords import (
+    KEYWORDS_BY_TYPE,
+    asserts,
+    declared_types,
+    enum_values,
+    numeric_bounds,
+    to_decimal,
+)
 from tgix.grammar.json_logic import (
     compile_if,
     compile_not,
@@ -58,8 +66,6 @@ from tgix.grammar.json_numbers import (
     integer_range,
     multiple_of,
     number_range,
-    numeric_bounds,
-    to_decimal,
 )
 from tgix.grammar.json_objects import KEY, object_node
 from tgix.grammar.json_refs import Resolver
