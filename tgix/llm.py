@@ -4,6 +4,8 @@
     [c] = llm.generate(["The capital of France is"], max_new_tokens=8)
     c.generated_text, c.finish_reason, [t.id for t in c.tokens]
     for event in llm.stream("Once upon a time", max_new_tokens=16, do_sample=True, seed=1): ...
+    llm.generate("Paris as JSON:", grammar={"type": "object", "properties": {...}})  # schema
+    llm.generate("A year:", grammar=tgix.grammar.GrammarSpec.regex("1[0-9]{3}"))
 
 Prompts are strings (tokenized with the model's tokenizer, special tokens added as TGI does)
 or lists of token ids. All prompts of one `generate` call are submitted at once and share
@@ -48,7 +50,8 @@ class LLM:
         )
 
     def _request(self, prompt: str | Sequence[int], kwargs: dict) -> GenerationRequest:
-        unknown = set(kwargs) - _SAMPLING_FIELDS - _REQUEST_FIELDS - {"max_new_tokens"}
+        known = _SAMPLING_FIELDS | _REQUEST_FIELDS | {"max_new_tokens", "grammar"}
+        unknown = set(kwargs) - known
         if unknown:
             raise TypeError(f"unknown generation arguments: {sorted(unknown)}")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -56,6 +59,8 @@ class LLM:
         extra = {k: v for k, v in kwargs.items() if k in _REQUEST_FIELDS}
         if "stop" in extra:
             extra["stop"] = tuple(extra["stop"])
+        if kwargs.get("grammar") is not None:
+            extra["grammar"] = self._compile_grammar(kwargs["grammar"])
         return GenerationRequest(
             prompt_ids=tuple(ids),
             max_new_tokens=kwargs.get("max_new_tokens", 20),
@@ -63,12 +68,24 @@ class LLM:
             **extra,
         )
 
+    def _compile_grammar(self, grammar):
+        """A GrammarSpec, or a JSON Schema (dict / bool): compiled (cached) to a TokenIndex.
+        Raises tgix.grammar.GrammarError."""
+        from tgix.grammar import GrammarError, GrammarSpec
+
+        if self.engine.grammar_compiler is None:
+            raise GrammarError("grammars are off for this engine (grammar_workers=-1)")
+        spec = grammar if isinstance(grammar, GrammarSpec) else GrammarSpec.json(grammar)
+        return self.engine.grammar_compiler.compile(spec)
+
     def generate(
         self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]], **kwargs
     ) -> list[Completion]:
         """Completions for each prompt, in order (blocking). Keyword arguments are
         SamplingParams fields plus max_new_tokens, stop, ignore_eos, top_n_tokens,
-        prompt_logprobs and best_of. Raises GenerationError if a request fails."""
+        prompt_logprobs, best_of and grammar (a tgix.grammar.GrammarSpec or a JSON Schema).
+        Raises GenerationError if a request fails, GrammarError if its grammar cannot be
+        compiled."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         streams = [self.engine.submit(self._request(p, kwargs)) for p in prompts]

@@ -151,3 +151,23 @@ def test_forced_tokens_fast_forward_in_mixed_steps(engine, tiny_checkpoints, xla
 
 def _fields(request: GenerationRequest) -> dict:
     return {f: getattr(request, f) for f in request.__dataclass_fields__}
+
+
+def test_llm_generate_takes_a_schema_or_a_spec(tiny_checkpoints, xla_cache):
+    from tests.engine.conftest import LIMITS
+    from tgix import LLM
+    from tgix.engine.factory import EngineOptions
+    from tgix.engine.limits import LimitRequest
+    from tgix.grammar import GrammarError
+
+    options = EngineOptions(compilation_cache=xla_cache, progress=False, max_top_n_tokens=3)
+    with LLM(str(tiny_checkpoints("llama")), limits=LimitRequest(**LIMITS), options=options) as llm:
+        [c] = llm.generate(list(prompt(21, 5)), max_new_tokens=60, grammar=SCHEMA)
+        if c.finish_reason == "eos_token":
+            jsonschema.validate(json.loads(c.generated_text), SCHEMA)
+        else:
+            assert c.finish_reason == "length" and c.generated_text.startswith("{")
+        [d] = llm.generate(list(prompt(22, 5)), max_new_tokens=9, grammar=GrammarSpec.regex("ab?c"))
+        assert d.generated_text in ("ac", "abc") and d.finish_reason == "eos_token"
+        with pytest.raises(GrammarError):  # admits nothing
+            llm.generate("x", grammar={"type": "integer", "minimum": 3, "maximum": 2})
