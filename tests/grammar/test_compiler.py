@@ -34,7 +34,7 @@ def test_worker_process_matches_inline_and_reports_errors(tokenizer):
         with pytest.raises(GrammarError, match="unsupported"):
             pooled.compile(GrammarSpec.regex("a(?=b)"))
         with pytest.raises(GrammarError, match="not supported"):
-            pooled.compile(GrammarSpec.json({"not": {"type": "string"}}))
+            pooled.compile(GrammarSpec.json({"type": "array", "uniqueItems": True}))
 
         async def together():
             return await asyncio.gather(

@@ -202,7 +202,7 @@ def _index_by_lookahead(dfa, vocab, walker, table_c, deadline, t0) -> TokenIndex
     done = 0
     for batch in walker.batches(reps.tolist()):
         check_deadline(deadline)
-        allowed = walker.walk(batch) >= 0
+        allowed = walker.walk(batch, alive_only=True)
         allowed[np.ix_(dfa.accepting[batch], eos)] = True
         packed = np.packbits(allowed, axis=1, bitorder="little").view("<u4")
         masks[done : done + len(batch)] = packed
@@ -264,12 +264,15 @@ class _Walker:
         for lo in range(0, len(states), size):
             yield states[lo : lo + size]
 
-    def walk(self, states: list[int]) -> np.ndarray:
+    def walk(self, states: list[int], *, alive_only: bool = False) -> np.ndarray:
         """Self-loop shortcut: a token whose bytes all fall in classes that loop on the start
         state (inside a JSON string: nearly every token) ends there; only nodes where a path
         first leaves the loop are walked on."""
         trie, n = self.trie, self.trie.num_nodes
-        node_state = np.full((len(states), n + 1), DEAD, dtype=self.dtype)
+        if alive_only:  # just "some path": bool, and np.zeros is a lazily zeroed calloc
+            node_state = np.zeros((len(states), n + 1), dtype=bool)
+        else:
+            node_state = np.full((len(states), n + 1), DEAD, dtype=self.dtype)
         start = np.array(states, dtype=np.int32)
         level1 = np.arange(trie.offsets[0], trie.offsets[1])
         origins, nodes = [], []
@@ -282,7 +285,7 @@ class _Walker:
             looping = self._looping_nodes(loops[i])
             parent_looping = np.where(self.has_parent, looping[self.parent], True)
             leaving = np.flatnonzero(parent_looping & ~looping)
-            node_state[i, :n] = np.where(looping, start[i], DEAD)
+            node_state[i, :n] = looping if alive_only else np.where(looping, start[i], DEAD)
             origins.append(np.full(len(leaving), i))
             nodes.append(leaving)
         origin, node = np.concatenate(origins), np.concatenate(nodes)
@@ -291,7 +294,7 @@ class _Walker:
             nxt = self.flat[state * self.num_classes + trie.label[node]]
             alive = nxt != DEAD
             origin, node, state = origin[alive], node[alive], nxt[alive]
-            node_state[origin, node] = state
+            node_state[origin, node] = True if alive_only else state
             counts = trie.num_children[node]
             has = counts > 0
             origin, node, state, counts = origin[has], node[has], state[has], counts[has]
@@ -300,4 +303,4 @@ class _Walker:
             starts = np.repeat(trie.first_child[node] - np.cumsum(counts) + counts, counts)
             child = starts + np.arange(int(counts.sum()))
             origin, state, node = np.repeat(origin, counts), np.repeat(state, counts), child
-        return np.ascontiguousarray(node_state[:, self.node_of_id])
+        return np.take(node_state, self.node_of_id, axis=1)
