@@ -569,3 +569,44 @@ def test_property_names():
     )
     enum_names = {"type": "object", "propertyNames": {"enum": ["x", "y"]}}
     check(enum_names, valid=[{}, {"x": 1, "y": 2}], invalid=[{"z": 1}])
+
+
+def test_one_of_separated_inside_a_shared_required_property():
+    schema = {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {"content": {"type": "object", "required": ["image"]}},
+                "required": ["content"],
+            },
+            {
+                "type": "object",
+                "properties": {"content": {"type": "object", "required": ["src", "alt"]}},
+                "required": ["content"],
+            },
+        ]
+    }
+    check(
+        schema,
+        valid=[{"content": {"image": 1}}, {"content": {"src": "a", "alt": "b"}}],
+        invalid=[{"content": {"image": 1, "src": "a", "alt": "b"}}, {"content": {}}],
+    )
+
+
+def test_one_of_separated_from_a_closed_branch():
+    schema = {
+        "oneOf": [
+            {"type": "object", "properties": {"a": {}, "b": {}}},
+            {"type": "object", "properties": {"a": {}}, "additionalProperties": False},
+        ]
+    }
+    # {"a": 1} and {} match both branches; {"b": 1} only the first
+    check(schema, valid=[{"b": 1}, {"a": 1, "b": 2}], invalid=[{}, {"a": 1}])
+
+
+def test_one_of_nested_enums_subtracted():
+    schema = {
+        "type": "string",
+        "oneOf": [{"enum": ["a", "b"]}, {"oneOf": [{"enum": ["b", "c"]}, {"pattern": "^d"}]}],
+    }
+    check(schema, valid=["a", "c", "dx"], invalid=["b", "x"])

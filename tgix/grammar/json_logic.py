@@ -10,8 +10,10 @@ objects or arrays (everything then in canonical spelling, so no value has a seco
   "lacks a required name, or has a property whose value fails its schema" as a union of
   object schemas), `anyOf` of those (product of the alternatives, at most 8), else `Minus`.
 - `oneOf`: branches that are provably disjoint are alternatives; an object branch
-  overlapping another loses the objects holding a name the other requires (a documented
-  subset); other overlaps are subtracted with `Minus`; anything else raises.
+  overlapping another is narrowed so that the other cannot match (a name the other requires
+  is forbidden, possibly inside a shared required property, or a name the other, closed,
+  branch does not declare is required: a documented subset); other overlaps are subtracted
+  with `Minus`; anything else raises.
 - `if`/`then`/`else`: (if and then) or (not if and else).
 - dependencies: for each name, "absent" or "present with its dependency", expanded for up
   to 3 names.
@@ -109,11 +111,13 @@ def compile_not(conv: Converter, rest: dict, negated: object) -> Node:
 def subtract(conv: Converter, keep: object, drops: list, keyword: str) -> Node:
     """`keep` minus the union of `drops` with `Minus`, all compiled in canonical spelling;
     the drops must compile exactly and hold no objects or arrays."""
+    types = {"type": _type_list(_types(_flat(conv, keep)))}
     saved, conv.canonical = conv.canonical, True
     try:
         kept = conv.compile(keep)
         nodes = []
         for drop in drops:
+            drop = {"allOf": [drop, types]}  # only where it meets `keep`
             if _types(_flat(conv, drop)) & {"object", "array"}:
                 raise unsupported(keyword, ": it would subtract object or array grammars")
             before = conv.ctx.approximations
@@ -156,19 +160,51 @@ def compile_one_of(conv: Converter, rest: dict, branches: list) -> Node:
 
 
 def _exclude_required(conv: Converter, mine: dict, flat: list, i: int, others: list) -> Node:
-    """Object branch i without the objects holding a name another branch requires: a subset
-    of "i and not the others"."""
-    required = flat[i].get("required", [])
-    forbidden = {}
+    """Object branch i without the objects the other branches could also accept: a subset of
+    "i and not the others" (see `_separator`)."""
+    extra = []
     for j in others:
-        theirs = flat[j].get("required", []) if isinstance(flat[j], dict) else []
-        names = [n for n in theirs if n not in required]
-        if not names:
+        separator = _separator(conv, flat[i], flat[j], 0)
+        if separator is None:
             raise unsupported("oneOf", f": branches {i} and {j} may overlap")
-        names.sort(key=lambda n: n in flat[i].get("properties", {}))
-        forbidden[names[0]] = False
-        conv.ctx.approximate(f"oneOf branch {i}: objects with {names[0]!r} are not generated")
-    return conv.compile_all([mine, {"properties": forbidden}])
+        extra.append(separator)
+        conv.ctx.approximate(
+            f"oneOf branch {i}: objects that branch {j} could accept are not generated"
+        )
+    return conv.compile_all([mine, *extra])
+
+
+def _separator(conv: Converter, mine: object, theirs: object, depth: int) -> object:
+    """A schema that, added to object schema `mine`, excludes every object `theirs` accepts:
+    `false` if `theirs` accepts every object; else forbid a name `theirs` requires; or, under
+    a name both require, such a condition on the value; or, if `theirs` is closed, require a
+    name only `mine` declares. None if none of these applies."""
+    if not isinstance(mine, dict) or not isinstance(theirs, dict) or depth > 3:
+        return None
+    plain = all(k in ("type", "properties") or not asserts({k: v}) for k, v in theirs.items())
+    if plain and not any(asserts(v) for v in theirs.get("properties", {}).values()):
+        return False  # `theirs` accepts every object
+    required = mine.get("required", [])
+    props = mine.get("properties", {})
+    names = [n for n in theirs.get("required", []) if n not in required]
+    if names:
+        names.sort(key=lambda n: n in props)
+        return {"properties": {names[0]: False}}
+    for name in theirs.get("required", []):
+        sub_mine = _flat(conv, props.get(name, True))
+        sub_theirs = _flat(conv, theirs.get("properties", {}).get(name, True))
+        if isinstance(sub_mine, dict) and type_set(sub_mine) <= {"object"}:
+            inner = _separator(conv, sub_mine, sub_theirs, depth + 1)
+            if inner is not None:
+                return {"properties": {name: inner}}
+    closed = theirs.get("additionalProperties") is False and "patternProperties" not in theirs
+    if closed:
+        only_mine = [
+            n for n in props if n not in theirs.get("properties", {}) and props[n] is not False
+        ]
+        if only_mine:
+            return {"required": [only_mine[0]]}
+    return None
 
 
 def compile_if(conv: Converter, rest: dict, schema: dict) -> Node:
