@@ -36,7 +36,7 @@ def default():
     loaded = load_model()
     tokenizer = load_tokenizer(loaded.files)
     driver = PagedDriver(
-        loaded.model, loaded.config, loaded.mesh, page_size=16, num_pages=24, pages_per_row=12
+        loaded.model, loaded.config, loaded.mesh, page_size=16, num_pages=40, pages_per_row=24
     )
     compiler = GrammarCompiler.for_tokenizer(tokenizer, size=loaded.config.vocab_size, workers=0)
     return driver, tokenizer, compiler
@@ -44,8 +44,9 @@ def default():
 
 def constrained_greedy(driver, index, prompt, max_new_tokens):
     """argmax over the allowed tokens each step (the engine's mask, applied on the host)."""
+    assert len(prompt) <= 256
     state, out = index.start, []
-    logits = driver.step({"g": prompt}, num_tokens=64)["g"]
+    logits = driver.step({"g": prompt}, num_tokens=256)["g"]  # the chat prompt: ~170 tokens
     for _ in range(max_new_tokens):
         bits = np.unpackbits(index.mask(state).view(np.uint8), bitorder="little")
         token = int(np.argmax(np.where(bits[: len(logits)] == 1, logits, -np.inf)))
@@ -59,7 +60,7 @@ def constrained_greedy(driver, index, prompt, max_new_tokens):
 
 
 def chat(tokenizer, text):
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
 
 
 def test_json_schema_output_validates(default):
