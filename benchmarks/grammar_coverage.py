@@ -23,6 +23,7 @@ import re
 import signal
 import time
 
+from tgix.grammar import json_arrays, json_strings
 from tgix.grammar.automaton import DEAD, build_dfa
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_schema import schema_to_tree
@@ -101,6 +102,9 @@ def _alarm(signum, frame):
     raise TimeoutError
 
 
+_SETTINGS = {"options": GrammarOptions()}  # set by main() before the workers fork
+
+
 def run_one(path: str, limit_s: int = 60) -> dict:
     """One schema: conversion, DFA, then every test instance; `limit_s` bounds the whole."""
     signal.signal(signal.SIGALRM, _alarm)
@@ -120,7 +124,7 @@ def run_one(path: str, limit_s: int = 60) -> dict:
 def _run_one(path: str, out: dict) -> dict:
     with open(path) as f:
         item = json.load(f)
-    options = GrammarOptions()
+    options = _SETTINGS["options"]
     t0 = time.monotonic()
     try:
         tree, notes = schema_to_tree(item["schema"], options)
@@ -151,14 +155,29 @@ def _run_one(path: str, out: dict) -> dict:
 
 
 def main() -> None:
+    defaults = GrammarOptions()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="/work/shared/data/maskbench")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", help="write per-schema results here")
     parser.add_argument("--match", default="", help="only files whose name contains this")
+    parser.add_argument("--files", help="a JSON list of file names to run (from a --json run)")
+    parser.add_argument("--any-value-depth", type=int, default=defaults.any_value_depth)
+    parser.add_argument("--strict", action="store_true")
+    parser.add_argument("--max-states", type=int, default=defaults.max_states)
+    parser.add_argument("--length-cap", type=int, default=json_strings.LENGTH_CAP)
+    parser.add_argument("--items-cap", type=int, default=json_arrays.ITEMS_CAP)
     args = parser.parse_args()
+    json_strings.LENGTH_CAP, json_arrays.ITEMS_CAP = args.length_cap, args.items_cap
+    _SETTINGS["options"] = GrammarOptions(
+        strict=args.strict, any_value_depth=args.any_value_depth, max_states=args.max_states
+    )
     files = sorted(f for f in glob.glob(os.path.join(args.data, "*.json")) if args.match in f)
+    if args.files:
+        with open(args.files) as f:
+            wanted = set(json.load(f))
+        files = [f for f in files if os.path.basename(f) in wanted]
     if args.limit:
         files = files[: args.limit]
     with multiprocessing.Pool(args.jobs, maxtasksperchild=20) as pool:

@@ -23,6 +23,7 @@ Whatever cannot be expressed raises `GrammarError` naming the keyword.
 from __future__ import annotations
 
 import itertools
+import json
 from typing import TYPE_CHECKING
 
 from tgix.grammar.errors import GrammarError
@@ -119,14 +120,23 @@ def subtract(conv: Converter, keep: object, drops: list, keyword: str) -> Node:
         for drop in drops:
             drop = {"allOf": [drop, types]}  # only where it meets `keep`
             if _types(_flat(conv, drop)) & {"object", "array"}:
-                raise unsupported(keyword, ": it would subtract object or array grammars")
+                raise unsupported(
+                    keyword, f" here: it would subtract objects or arrays ({_brief(drop)})"
+                )
             before = conv.ctx.approximations
             nodes.append(conv.compile(drop))
             if conv.ctx.approximations != before:
-                raise unsupported(keyword, ": it would subtract an approximated grammar")
+                raise unsupported(
+                    keyword, f" here: it would subtract an approximation ({_brief(drop)})"
+                )
     finally:
         conv.canonical = saved
     return prune_empty(minus(kept, union(*nodes)))
+
+
+def _brief(schema: object) -> str:
+    text = json.dumps(schema, ensure_ascii=False)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _object_only(schema: object) -> bool:
@@ -166,7 +176,8 @@ def _exclude_required(conv: Converter, mine: dict, flat: list, i: int, others: l
     for j in others:
         separator = _separator(conv, flat[i], flat[j], 0)
         if separator is None:
-            raise unsupported("oneOf", f": branches {i} and {j} may overlap")
+            pair = f"{_brief(flat[i])} / {_brief(flat[j])}"
+            raise unsupported("oneOf", f": branches {i} and {j} may overlap ({pair})")
         extra.append(separator)
         conv.ctx.approximate(
             f"oneOf branch {i}: objects that branch {j} could accept are not generated"

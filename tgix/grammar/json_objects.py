@@ -89,6 +89,9 @@ def object_node(schema: dict, ctx: Context, compile_: Compile, names: Node | Non
     extras = []
 
     def key_language(key: Node) -> Node:
+        """Extra names: never empty unless patterns or propertyNames may cover them all."""
+        if names is None and not patterns:
+            return key
         return prune_empty(key if names is None else both(key, names))
 
     for p, key in pattern_keys.items():
