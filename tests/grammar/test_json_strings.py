@@ -79,6 +79,8 @@ def test_pattern_is_an_unanchored_search():
         (r"^\x41\u0042\/$", ["AB/"], ["AB"]),
         (r"^[\d.-]+$", ["1.2-3"], ["1,2"]),
         (r"^a\{b\}$", ["a{b}"], ["ab"]),
+        (r"(^ab$|^c)", ["ab", "cd"], ["xab", "abx"]),
+        (r"^[\w\_]+$", ["a_b"], ["a-b"]),
     ],
 )
 def test_pattern_translation(pattern, valid, invalid):
@@ -122,7 +124,7 @@ def test_pattern_and_lengths_intersect():
         (r"\bword", "word boundary"),
         (r"\p{L}", r"\\p"),
         ("a^b", "anchor"),
-        ("(^a)", "anchor"),
+        ("(^a)b", "anchor"),
         ("(?i)a", "group syntax"),
         ("a)", "unbalanced"),
         ("(a", "missing"),

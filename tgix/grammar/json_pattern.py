@@ -222,7 +222,7 @@ class _Parser:
                 self.pos = close + 1
                 return value if value <= MAX_CODE_POINT else None
             return None
-        if ch.isalnum() or ch == "_":
+        if ch.isalnum():
             return None  # \p, \A, \Z, ...: Unicode properties, Python-only or undefined
         return ord(ch)
 
@@ -281,5 +281,39 @@ def _is_hex(text: str, n: int) -> bool:
 def pattern_regex(source: str, unit: str) -> str:
     """Regex over JSON string content (between the quotes) for the strings in which `source`
     finds a match. `unit` is the regex of one content character, used for the unanchored
-    parts."""
-    return _Parser(source).top(unit)
+    parts. A group around the whole pattern is dropped first, so that `(^a|^b)` reads as
+    `^a|^b`."""
+    return _Parser(_unwrap(source)).top(unit)
+
+
+def _unwrap(source: str) -> str:
+    """The inside of a plain, named or non-capturing group spanning the whole pattern."""
+    while source.startswith("(") and source.endswith(")") and not source.startswith("(?="):
+        if source.startswith(("(?!", "(?<=", "(?<!")):
+            break
+        depth, i, in_class = 0, 0, False
+        while i < len(source):
+            ch = source[i]
+            if ch == "\\":
+                i += 2
+                continue
+            if in_class:
+                in_class = ch != "]"
+            elif ch == "[":
+                in_class = True
+            elif ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+                if depth == 0 and i != len(source) - 1:
+                    return source  # the first group closes before the end
+            i += 1
+        inner = source[1:-1]
+        if inner.startswith("?:"):
+            inner = inner[2:]
+        elif inner.startswith(("?<", "?P<")) and ">" in inner:
+            inner = inner[inner.index(">") + 1 :]
+        elif inner.startswith("?"):
+            break
+        source = inner
+    return source
