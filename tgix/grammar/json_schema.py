@@ -4,23 +4,21 @@ documented approximations, each reported in the notes), for constrained decoding
 Entry point: `schema_to_tree(schema, options) -> (node, notes)`.
 
 Dispatch on a schema object:
-1. `true` / `{}`: any JSON value, nesting bounded by `options.any_value_depth`; `false`:
-   nothing.
-2. `not`, `if`, `$dynamicRef`, `$recursiveRef` raise `GrammarError` naming the keyword.
-3. `$ref` (local: JSON pointers with `~0` `~1` and percent-decoding, `#`, `$anchor`, `$id`s of
-   embedded schemas): compiled once per target and reused; a target already being expanded
-   `max_recursion_depth` times is cut (its branch disappears, reported in the notes; an error
-   if nothing finite is left). Keywords next to `$ref` are intersected (2019-09+) or ignored
-   (draft 4-7, as those drafts specify).
-4. `allOf` (with sibling keywords): merged into one schema (json_compose), leftovers
+1. `true` / `{}` (nothing asserted): any JSON value, nesting bounded by
+   `options.any_value_depth`; `false`: nothing. `$dynamicRef` / `$recursiveRef` raise.
+2. `$ref` (json_refs: local JSON pointers, `#`, `$anchor`, embedded `$id`s): compiled once
+   per target and reused; a target already being expanded `max_recursion_depth` times is cut
+   (its branch disappears, reported in the notes; an error if nothing finite is left).
+   Keywords next to `$ref` are intersected (2019-09+) or ignored (draft 4-7, as those drafts
+   specify).
+3. `allOf` (with sibling keywords): merged into one schema (json_compose), leftovers
    intersected with `Both`.
-5. `anyOf` / `oneOf`: sibling keywords merged into every branch, then alternation; `oneOf`
-   branches must be provably disjoint, or are made so by excluding from an object branch a
-   property another branch requires, or by subtracting (`Minus`) the other branches when
-   those are exact and hold no objects or arrays; otherwise `GrammarError`.
-6. Otherwise `type` (all types when absent) chooses the branches; each type's keywords apply
-   only to it; `enum` / `const` values are rendered as exact JSON text and intersected with
-   the other keywords when any apply.
+4. `not`, `if`/`then`/`else`, dependencies, `oneOf` (json_logic); `anyOf`: sibling keywords
+   merged into every branch, then alternation.
+5. Otherwise `type` (all types when absent) chooses the branches; each type's keywords apply
+   only to it (json_strings, json_numbers, json_objects, json_arrays); `enum` / `const`
+   values are rendered as exact JSON text and intersected with the other keywords when any
+   apply.
 Annotations (title, description, default, examples, $comment, ...) and unknown keywords
 (vendor extensions) are ignored, as JSON Schema specifies; assertions that are not supported
 raise `GrammarError` naming the keyword.
