@@ -610,3 +610,30 @@ def test_one_of_nested_enums_subtracted():
         "oneOf": [{"enum": ["a", "b"]}, {"oneOf": [{"enum": ["b", "c"]}, {"pattern": "^d"}]}],
     }
     check(schema, valid=["a", "c", "dx"], invalid=["b", "x"])
+
+
+def test_not_of_keywords_for_one_type_keeps_only_that_type():
+    check({"not": {"multipleOf": 20}}, valid=[3, 2.5], invalid=[40, "a", None, [], {}])
+    check({"not": {"minLength": 2}}, valid=["a", ""], invalid=["ab", 1])
+
+
+def test_one_of_discriminated_by_patterns_and_nested_composition():
+    modules = {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {"type": {"type": "string", "pattern": f"^{name}$"}, "x": {}},
+                "required": ["type"],
+                "additionalProperties": False,
+            }
+            for name in ("Abs", "Add", "Avg")
+        ]
+    }
+    check(modules, valid=[{"type": "Add"}, {"type": "Avg", "x": 1}], invalid=[{"type": "Sub"}])
+    address = {
+        "oneOf": [
+            {"type": ["string", "null"], "minLength": 2},
+            {"type": "object", "anyOf": [{"required": ["street"]}, {"required": ["zip"]}]},
+        ]
+    }
+    check(address, valid=["ab", None, {"zip": 1}], invalid=["a", {}, 3])

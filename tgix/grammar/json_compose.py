@@ -210,14 +210,25 @@ def _merge_arrays(a: dict, b: dict) -> dict:
     return out
 
 
-def disjoint(a: object, b: object, resolve: Resolve, depth: int = 0) -> bool:
-    """True only if no JSON value satisfies both schemas (a conservative test)."""
+Probe = Callable[[dict, dict], bool]
+SCALARS = frozenset({"null", "boolean", "number", "integer", "string"})
+
+
+def disjoint(a: object, b: object, resolve: Resolve, probe: Probe | None = None, depth=0) -> bool:
+    """True only if no JSON value satisfies both schemas (a conservative test). Every check
+    reads conjunctive keywords, so extra `anyOf`/`oneOf`/... next to them cannot break it.
+    `probe(a, b)` decides two scalar-only schemas the keywords do not separate (e.g. two
+    patterns), by intersecting their grammars."""
     a, b = _plain_ref(a, resolve), _plain_ref(b, resolve)
     if a is False or b is False:
         return True
-    if not isinstance(a, dict) or not isinstance(b, dict) or depth > 4:
-        return False
-    if any(k in a or k in b for k in (*COMPOSITION, "$ref")):
+    if (
+        not isinstance(a, dict)
+        or not isinstance(b, dict)
+        or depth > 4
+        or "$ref" in a
+        or "$ref" in b
+    ):
         return False
     common = type_set(a) & type_set(b)
     if not common:
@@ -229,8 +240,10 @@ def disjoint(a: object, b: object, resolve: Resolve, depth: int = 0) -> bool:
     if numbers_only and _empty_interval(*tighter(numeric_bounds(a), numeric_bounds(b))):
         return True
     if common == {"object"}:
-        return _objects_disjoint(a, b, resolve, depth) or _objects_disjoint(b, a, resolve, depth)
-    return False
+        return _objects_disjoint(a, b, resolve, probe, depth) or _objects_disjoint(
+            b, a, resolve, probe, depth
+        )
+    return probe is not None and common <= SCALARS and probe(a, b)
 
 
 def _empty_interval(lo, lo_strict: bool, hi, hi_strict: bool) -> bool:
@@ -239,7 +252,7 @@ def _empty_interval(lo, lo_strict: bool, hi, hi_strict: bool) -> bool:
     return lo > hi or (lo == hi and (lo_strict or hi_strict))
 
 
-def _objects_disjoint(a: dict, b: dict, resolve: Resolve, depth: int) -> bool:
+def _objects_disjoint(a: dict, b: dict, resolve: Resolve, probe: Probe | None, depth) -> bool:
     props_a, props_b = a.get("properties", {}), b.get("properties", {})
     closed_a = a.get("additionalProperties") is False and "patternProperties" not in a
     required_b = b.get("required", [])
@@ -247,7 +260,7 @@ def _objects_disjoint(a: dict, b: dict, resolve: Resolve, depth: int) -> bool:
         if props_a.get(name) is False or (closed_a and name not in props_a):
             return True
         both_have = name in a.get("required", []) and name in props_a and name in props_b
-        if both_have and disjoint(props_a[name], props_b[name], resolve, depth + 1):
+        if both_have and disjoint(props_a[name], props_b[name], resolve, probe, depth + 1):
             return True
     return False
 

@@ -27,9 +27,15 @@ import json
 from typing import TYPE_CHECKING
 
 from tgix.grammar.errors import GrammarError
-from tgix.grammar.json_common import NEVER, minus, prune_empty, union
+from tgix.grammar.json_common import NEVER, both, minus, prune_empty, union
 from tgix.grammar.json_compose import disjoint
-from tgix.grammar.json_keywords import ALL_TYPES, OBJECT_KEYWORDS, asserts, type_set
+from tgix.grammar.json_keywords import (
+    ALL_TYPES,
+    KEYWORDS_BY_TYPE,
+    OBJECT_KEYWORDS,
+    asserts,
+    type_set,
+)
 from tgix.grammar.regex_tree import Node
 
 if TYPE_CHECKING:
@@ -94,19 +100,32 @@ def _negate(conv: Converter, schema: object, depth: int = 0) -> list | None:
     return None
 
 
+def _failing_types(schema: object) -> frozenset[str]:
+    """Types of the values a schema may reject: with no `type`/`enum`/`const`, only those its
+    keywords apply to (a string always passes `{"minimum": 1}`)."""
+    if not isinstance(schema, dict):
+        return ALL_TYPES if schema is False else frozenset()
+    families = [t for t, words in KEYWORDS_BY_TYPE.items() if any(k in words for k in schema)]
+    own = {k for k in schema if asserts({k: schema[k]})}
+    if own - set().union(*KEYWORDS_BY_TYPE.values()):
+        return ALL_TYPES  # type, enum, const, composition: may reject anything
+    return frozenset(families) | ({"integer"} if "number" in families else set())
+
+
 def compile_not(conv: Converter, rest: dict, negated: object) -> Node:
     """`rest` and not `negated`."""
     keep = _flat(conv, rest)
     if keep is False:
         return NEVER
-    theirs = _types(_flat(conv, negated))
-    if not _types(keep) & theirs:
+    flat = _flat(conv, negated)
+    if not _types(keep) & _types(flat):
         return conv.compile(rest)
     variants = _negate(conv, negated)
     if variants is not None:
         return union(*(conv.compile_all([rest, v]) for v in variants))
-    common = {"type": _type_list(_types(keep) & theirs)}
-    return subtract(conv, rest, [{"allOf": [negated, common]}], "not")
+    # only values of the types `negated` can reject survive; subtract it there
+    types = {"type": _type_list(_types(keep) & _failing_types(flat))}
+    return subtract(conv, {"allOf": [rest, types]}, [negated], "not")
 
 
 def subtract(conv: Converter, keep: object, drops: list, keyword: str) -> Node:
@@ -152,8 +171,20 @@ def compile_one_of(conv: Converter, rest: dict, branches: list) -> Node:
         # a non-object satisfies every branch, so more than one: only objects qualify
         branches = [{"allOf": [b, {"type": "object"}]} for b in branches]
     flat = [_flat(conv, {"allOf": [rest, b]}) for b in branches]
+    cache: dict[tuple[str, str], bool] = {}
+
+    def probe(a: dict, b: dict) -> bool:
+        key = (json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True))
+        if key not in cache:
+            cache[key] = cache[key[::-1]] = _grammars_disjoint(conv, a, b)
+        return cache[key]
+
     overlaps = [
-        [j for j in range(len(flat)) if j != i and not disjoint(flat[i], flat[j], conv.resolve)]
+        [
+            j
+            for j in range(len(flat))
+            if j != i and not disjoint(flat[i], flat[j], conv.resolve, probe)
+        ]
         for i in range(len(flat))
     ]
     nodes = []
@@ -167,6 +198,22 @@ def compile_one_of(conv: Converter, rest: dict, branches: list) -> Node:
             drops = [{"allOf": [rest, branches[j]]} for j in overlaps[i]]
             nodes.append(subtract(conv, mine, drops, "oneOf"))
     return union(*nodes)
+
+
+def _grammars_disjoint(conv: Converter, a: dict, b: dict) -> bool:
+    """Two scalar schemas share no value: their exact canonical grammars do not intersect."""
+    saved, conv.canonical = conv.canonical, True
+    before, notes = conv.ctx.approximations, len(conv.ctx.notes)
+    try:
+        node = both(conv.compile(a), conv.compile(b))
+    except GrammarError:
+        return False
+    finally:
+        conv.canonical = saved
+    exact = conv.ctx.approximations == before
+    conv.ctx.approximations = before  # a probe, not part of the grammar
+    del conv.ctx.notes[notes:]
+    return exact and prune_empty(node) == NEVER
 
 
 def _exclude_required(conv: Converter, mine: dict, flat: list, i: int, others: list) -> Node:
