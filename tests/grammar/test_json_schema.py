@@ -467,9 +467,9 @@ def test_annotations_and_unknown_keywords_are_ignored():
 @pytest.mark.parametrize(
     ("schema", "keyword"),
     [
-        ({"not": {"minItems": 2}}, "not"),
+        ({"not": {"uniqueItems": True}}, "not"),
         ({"not": {"type": "object", "additionalProperties": False}}, "not"),
-        ({"if": {"minItems": 1}, "then": {"maxItems": 3}}, "if"),
+        ({"if": {"uniqueItems": True}, "then": {"maxItems": 3}}, "if"),
         ({"type": "array", "uniqueItems": True}, "uniqueItems"),
         ({"type": "array", "contains": {"type": "integer"}}, "contains"),
         ({"type": "object", "dependentRequired": {k: ["z"] for k in "abcd"}}, "dependencies"),
@@ -610,6 +610,13 @@ def test_one_of_nested_enums_subtracted():
         "oneOf": [{"enum": ["a", "b"]}, {"oneOf": [{"enum": ["b", "c"]}, {"pattern": "^d"}]}],
     }
     check(schema, valid=["a", "c", "dx"], invalid=["b", "x"])
+
+
+def test_not_of_counts_double_negation_and_empty_items():
+    check({"not": {"minItems": 2}}, valid=[[], [1]], invalid=[[1, 2], "a", 3])
+    check({"not": {"maxLength": 2, "minLength": 1}}, valid=["", "abc"], invalid=["ab", 1])
+    check({"not": {"not": {"type": "string"}}}, valid=["a"], invalid=[1])
+    check({"type": "array", "not": {"items": False}}, valid=[[1]], invalid=[[]])
 
 
 def test_not_of_keywords_for_one_type_keeps_only_that_type():

@@ -6,9 +6,11 @@ order, so a difference of two object grammars would let through objects that the
 schema accepts in another order. Negation is therefore rewritten at the schema level where it
 concerns objects, and done by `Minus` only where the subtracted grammar is exact and holds no
 objects or arrays (everything then in canonical spelling, so no value has a second text):
-- `not`: `false`/`true`, types (complemented), object conditions (`required`, `properties`:
-  "lacks a required name, or has a property whose value fails its schema" as a union of
-  object schemas), `anyOf` of those (product of the alternatives, at most 8), else `Minus`.
+- `not`: not (k1 and k2 ...) is (not k1) or (not k2) ..., a union of schemas when every
+  keyword has a rule: `type` (complemented), `required` ("lacks a name"), `properties`
+  ("has a property whose value fails its schema"), min/max counts (the complementary bound),
+  `items: false`, `not`, `allOf`, `anyOf` (product of the alternatives); at most 8 in all.
+  Otherwise, restricted to the types its keywords can reject, `Minus` (scalars only).
 - `oneOf`: branches that are provably disjoint are alternatives; an object branch
   overlapping another is narrowed so that the other cannot match (a name the other requires
   is forbidden, possibly inside a shared required property, or a name the other, closed,
@@ -64,39 +66,69 @@ def _type_list(types: frozenset[str]) -> list[str]:
     return sorted(types - {"integer"} if "number" in types else types)
 
 
+_COUNTS = {  # keyword: (type, complementary keyword, offset)
+    "minLength": ("string", "maxLength", -1),
+    "maxLength": ("string", "minLength", 1),
+    "minItems": ("array", "maxItems", -1),
+    "maxItems": ("array", "minItems", 1),
+    "minProperties": ("object", "maxProperties", -1),
+    "maxProperties": ("object", "minProperties", 1),
+}
+
+
 def _negate(conv: Converter, schema: object, depth: int = 0) -> list | None:
     """Schemas whose union is the complement of `schema`, or None when that takes a
-    subtraction of grammars."""
+    subtraction of grammars. not (k1 and k2 ...) = (not k1) or (not k2) ..., each keyword
+    negated by a rule; keywords without one (enum, pattern, minimum, ...) give None."""
     schema = _flat(conv, schema)
     if schema is False:
         return [True]
-    if not asserts(schema) or depth > 3:
-        return [] if not asserts(schema) else None
-    keys = {k for k in schema if asserts({k: schema[k]})}
-    theirs = type_set(schema)
-    others = ALL_TYPES - theirs
-    if keys <= {"type"}:
+    if not asserts(schema):
+        return []
+    if depth > 3:
+        return None
+    variants: list = []
+    for key, value in schema.items():
+        if not asserts({key: value}):
+            continue
+        negated = _negate_keyword(conv, key, value, depth)
+        if negated is None:
+            return None
+        variants.extend(negated)
+    return variants if len(variants) <= MAX_VARIANTS else None
+
+
+def _negate_keyword(conv: Converter, key: str, value: object, depth: int) -> list | None:
+    if key == "type":
+        others = ALL_TYPES - type_set({"type": value})
         if "number" in others and "integer" not in others:
             return None  # "a number that is not an integer" is a subtraction
         return [{"type": _type_list(others)}] if others else []
-    if keys <= {"type", "required", "properties"} and theirs >= {"object"}:
-        variants: list = [{"type": _type_list(others)}] if "type" in keys and others else []
-        for name in schema.get("required", []):
-            variants.append({"type": "object", "properties": {name: False}})
-        for name, sub in schema.get("properties", {}).items():
-            if sub is not True and sub != {}:
-                variants.append(
-                    {"type": "object", "required": [name], "properties": {name: {"not": sub}}}
-                )
-        return variants if len(variants) <= MAX_VARIANTS else None
-    if keys == {"anyOf"}:
-        parts = [_negate(conv, b, depth + 1) for b in schema["anyOf"]]
+    if key == "required":
+        return [{"type": "object", "properties": {name: False}} for name in value]
+    if key == "properties":
+        return [
+            {"type": "object", "required": [name], "properties": {name: {"not": sub}}}
+            for name, sub in value.items()
+            if asserts(sub)
+        ]
+    if key in _COUNTS and isinstance(value, int):
+        kind, other, offset = _COUNTS[key]
+        bound = value + offset
+        return [] if bound < 0 else [{"type": kind, other: bound}]
+    if key == "items" and value is False:
+        return [{"type": "array", "minItems": 1}]
+    if key == "not":
+        return [value]
+    if key == "allOf":
+        parts = [_negate(conv, b, depth + 1) for b in value]
+        return None if any(p is None for p in parts) else [v for p in parts for v in p]
+    if key == "anyOf":
+        parts = [_negate(conv, b, depth + 1) for b in value]
         if any(p is None for p in parts):
             return None
         combos = list(itertools.islice(itertools.product(*parts), MAX_VARIANTS + 1))
-        if len(combos) > MAX_VARIANTS:
-            return None
-        return [{"allOf": list(c)} for c in combos]
+        return None if len(combos) > MAX_VARIANTS else [{"allOf": list(c)} for c in combos]
     return None
 
 
