@@ -198,7 +198,7 @@ class Converter:
         for target in inlined:
             self.active[id(target)] = self.active.get(id(target), 0) + 1
         try:
-            return both(self.compile(merged), *(self.compile(r) for r in residual))
+            return prune_empty(both(self.compile(merged), *(self.compile(r) for r in residual)))
         finally:
             for target in inlined:
                 self.active[id(target)] -= 1
