@@ -644,3 +644,31 @@ def test_one_of_discriminated_by_patterns_and_nested_composition():
         ]
     }
     check(address, valid=["ab", None, {"zip": 1}], invalid=["a", {}, 3])
+
+
+def test_one_of_branch_inside_another_and_disjoint_property_values():
+    volume = {
+        "type": "object",
+        "properties": {"length": {}, "radius": {}, "height": {}},
+        "oneOf": [
+            {"required": ["length"]},
+            {"required": ["radius"]},
+            {"required": ["radius", "height"]},
+        ],
+    }
+    # the third branch implies the second: an object with radius and height matches both
+    check(volume, valid=[{"length": 1}, {"radius": 1}], invalid=[{"radius": 1, "height": 2}, {}])
+    events = {
+        "type": "object",
+        "oneOf": [
+            {"properties": {"events": {"type": "array"}}},
+            {"properties": {"events": {"enum": ["all", "added"]}}},
+        ],
+    }
+    check(events, valid=[{"events": []}, {"events": "all"}], invalid=[{}, {"events": 1}])
+
+
+def test_one_of_with_a_branch_that_only_constrains_strings():
+    """{"pattern": ...} accepts every non-string, so those match both branches."""
+    schema = {"oneOf": [{"type": ["string", "array", "null"]}, {"pattern": "^[0-9]+$"}]}
+    check(schema, valid=["abc", 5, {}], invalid=["123", [], None])

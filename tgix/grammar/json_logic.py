@@ -132,15 +132,16 @@ def _negate_keyword(conv: Converter, key: str, value: object, depth: int) -> lis
     return None
 
 
-def _failing_types(schema: object) -> frozenset[str]:
-    """Types of the values a schema may reject: with no `type`/`enum`/`const`, only those its
-    keywords apply to (a string always passes `{"minimum": 1}`)."""
+def _partial_types(schema: object) -> frozenset[str]:
+    """Types of which a schema may reject some values but not all: those its keywords other
+    than `type` apply to (a string always passes `{"minimum": 1}`); every type when it has
+    `enum`, `const` or composition."""
     if not isinstance(schema, dict):
-        return ALL_TYPES if schema is False else frozenset()
+        return frozenset()
     families = [t for t, words in KEYWORDS_BY_TYPE.items() if any(k in words for k in schema)]
-    own = {k for k in schema if asserts({k: schema[k]})}
+    own = {k for k in schema if k != "type" and asserts({k: schema[k]})}
     if own - set().union(*KEYWORDS_BY_TYPE.values()):
-        return ALL_TYPES  # type, enum, const, composition: may reject anything
+        return ALL_TYPES
     return frozenset(families) | ({"integer"} if "number" in families else set())
 
 
@@ -156,21 +157,36 @@ def compile_not(conv: Converter, rest: dict, negated: object) -> Node:
     if variants is not None:
         return union(*(conv.compile_all([rest, v]) for v in variants))
     # only values of the types `negated` can reject survive; subtract it there
-    types = {"type": _type_list(_types(keep) & _failing_types(flat))}
+    failing = (ALL_TYPES - _types(flat)) | _partial_types(flat)
+    types = {"type": _type_list(_types(keep) & failing)}
     return subtract(conv, {"allOf": [rest, types]}, [negated], "not")
 
 
 def subtract(conv: Converter, keep: object, drops: list, keyword: str) -> Node:
-    """`keep` minus the union of `drops` with `Minus`, all compiled in canonical spelling;
-    the drops must compile exactly and hold no objects or arrays."""
-    types = {"type": _type_list(_types(_flat(conv, keep)))}
+    """`keep` minus the union of `drops`. Types a drop accepts whole (its keywords do not
+    apply to them) are taken out of `keep`; where a drop accepts part of a type, `Minus`
+    subtracts it, all compiled in canonical spelling: those parts must compile exactly and be
+    scalars."""
+    types = _types(_flat(conv, keep))
+    parts = []
+    for drop in drops:
+        flat = _flat(conv, drop)
+        accepted = _types(flat) & types
+        partial = _partial_types(flat)
+        if "integer" in accepted - partial and "number" in types - accepted:
+            partial |= {"integer"}  # all integers of the numbers: a subtraction
+        types -= accepted - partial
+        parts.append((drop, accepted & partial))
     saved, conv.canonical = conv.canonical, True
     try:
-        kept = conv.compile(keep)
+        kept = conv.compile({"allOf": [keep, {"type": _type_list(types)}]})
         nodes = []
-        for drop in drops:
-            drop = {"allOf": [drop, types]}  # only where it meets `keep`
-            if _types(_flat(conv, drop)) & {"object", "array"}:
+        for drop, part in parts:
+            part &= types
+            if not part:
+                continue
+            drop = {"allOf": [drop, {"type": _type_list(part)}]}
+            if part & {"object", "array"}:
                 raise unsupported(
                     keyword, f" here: it would subtract objects or arrays ({_brief(drop)})"
                 )
@@ -224,12 +240,27 @@ def compile_one_of(conv: Converter, rest: dict, branches: list) -> Node:
         mine = {"allOf": [rest, branch]}
         if not overlaps[i]:
             nodes.append(conv.compile(mine))
+        elif any(_implies(flat[i], alone[j]) for j in overlaps[i]):
+            conv.ctx.note(f"oneOf branch {i} lies inside another branch: never valid")
         elif isinstance(flat[i], dict) and type_set(flat[i]) <= {"object"}:
-            nodes.append(_exclude_required(conv, mine, flat, i, overlaps[i]))
+            nodes.append(_exclude_required(conv, mine, flat, i, overlaps[i], probe))
         else:
             drops = [{"allOf": [rest, branches[j]]} for j in overlaps[i]]
             nodes.append(subtract(conv, mine, drops, "oneOf"))
     return union(*nodes)
+
+
+def _implies(mine: object, theirs: object) -> bool:
+    """`mine` accepts only values `theirs` accepts, in the simple case where `theirs` only
+    requires names `mine` requires too."""
+    if not isinstance(mine, dict) or not isinstance(theirs, dict):
+        return False
+    keys = {k for k in theirs if asserts({k: theirs[k]})}
+    if not keys <= {"required", "type"} or type_set(mine) - type_set(theirs):
+        return False
+    return set(theirs.get("required", [])) <= set(mine.get("required", [])) and "object" in (
+        type_set(mine) if "type" not in theirs else type_set(theirs)
+    )
 
 
 def _grammars_disjoint(conv: Converter, a: dict, b: dict) -> bool:
@@ -248,12 +279,12 @@ def _grammars_disjoint(conv: Converter, a: dict, b: dict) -> bool:
     return exact and prune_empty(node) == NEVER
 
 
-def _exclude_required(conv: Converter, mine: dict, flat: list, i: int, others: list) -> Node:
+def _exclude_required(conv: Converter, mine: dict, flat: list, i: int, others: list, probe) -> Node:
     """Object branch i without the objects the other branches could also accept: a subset of
     "i and not the others" (see `_separator`)."""
     extra = []
     for j in others:
-        separator = _separator(conv, flat[i], flat[j], 0)
+        separator = _separator(conv, flat[i], flat[j], probe, 0)
         if separator is None:
             pair = f"{_brief(flat[i])} / {_brief(flat[j])}"
             raise unsupported("oneOf", f": branches {i} and {j} may overlap ({pair})")
@@ -264,11 +295,12 @@ def _exclude_required(conv: Converter, mine: dict, flat: list, i: int, others: l
     return conv.compile_all([mine, *extra])
 
 
-def _separator(conv: Converter, mine: object, theirs: object, depth: int) -> object:
+def _separator(conv: Converter, mine: object, theirs: object, probe, depth: int) -> object:
     """A schema that, added to object schema `mine`, excludes every object `theirs` accepts:
     `false` if `theirs` accepts every object; else forbid a name `theirs` requires; or, under
-    a name both require, such a condition on the value; or, if `theirs` is closed, require a
-    name only `mine` declares. None if none of these applies."""
+    a name both require, such a condition on the value; or require a name whose values the two
+    schemas keep disjoint; or, if `theirs` is closed, require a name only `mine` declares.
+    None if none of these applies."""
     if not isinstance(mine, dict) or not isinstance(theirs, dict) or depth > 3:
         return None
     plain = all(k in ("type", "properties") or not asserts({k: v}) for k, v in theirs.items())
@@ -284,9 +316,13 @@ def _separator(conv: Converter, mine: object, theirs: object, depth: int) -> obj
         sub_mine = _flat(conv, props.get(name, True))
         sub_theirs = _flat(conv, theirs.get("properties", {}).get(name, True))
         if isinstance(sub_mine, dict) and type_set(sub_mine) <= {"object"}:
-            inner = _separator(conv, sub_mine, sub_theirs, depth + 1)
+            inner = _separator(conv, sub_mine, sub_theirs, probe, depth + 1)
             if inner is not None:
                 return {"properties": {name: inner}}
+    their_props = theirs.get("properties", {})
+    for name, sub in props.items():
+        if name in their_props and disjoint(sub, their_props[name], conv.resolve, probe):
+            return {"required": [name]}
     closed = theirs.get("additionalProperties") is False and "patternProperties" not in theirs
     if closed:
         only_mine = [
