@@ -1,4 +1,4 @@
-"""Keywords that choose or negate: `oneOf`, `not`, `if` / `then` / `else`,
+"""Keywords that negate or condition: `not`, `if` / `then` / `else`,
 `dependentRequired` / `dependentSchemas` / `dependencies`.
 
 A regular language is closed under difference, but the object grammar fixes the property
@@ -11,11 +11,7 @@ objects or arrays (everything then in canonical spelling, so no value has a seco
   ("has a property whose value fails its schema"), min/max counts (the complementary bound),
   `items: false`, `not`, `allOf`, `anyOf` (product of the alternatives); at most 8 in all.
   Otherwise, restricted to the types its keywords can reject, `Minus` (scalars only).
-- `oneOf`: branches that are provably disjoint are alternatives; an object branch
-  overlapping another is narrowed so that the other cannot match (a name the other requires
-  is forbidden, possibly inside a shared required property, or a name the other, closed,
-  branch does not declare is required: a documented subset); other overlaps are subtracted
-  with `Minus`; anything else raises.
+- `oneOf`: json_oneof (subtraction through `subtract` here).
 - `if`/`then`/`else`: (if and then) or (not if and else).
 - dependencies: for each name, "absent" or "present with its dependency", expanded for up
   to 3 names.
@@ -29,12 +25,10 @@ import json
 from typing import TYPE_CHECKING
 
 from tgix.grammar.errors import GrammarError
-from tgix.grammar.json_common import NEVER, both, minus, prune_empty, union
-from tgix.grammar.json_compose import disjoint
+from tgix.grammar.json_common import NEVER, minus, prune_empty, union
 from tgix.grammar.json_keywords import (
     ALL_TYPES,
     KEYWORDS_BY_TYPE,
-    OBJECT_KEYWORDS,
     asserts,
     type_set,
 )
@@ -50,19 +44,19 @@ def unsupported(keyword: str, detail: str = "") -> GrammarError:
     return GrammarError(f"JSON Schema keyword {keyword!r} is not supported{detail}")
 
 
-def _flat(conv: Converter, schema: object) -> object:
+def flat_schema(conv: Converter, schema: object) -> object:
     merged, _ = conv.merger.merge_all([schema])
     conv.merger.take_inlined()
     return merged
 
 
-def _types(schema: object) -> frozenset[str]:
+def types_of(schema: object) -> frozenset[str]:
     if isinstance(schema, dict):
         return type_set(schema)
     return ALL_TYPES if schema is True else frozenset()
 
 
-def _type_list(types: frozenset[str]) -> list[str]:
+def type_list(types: frozenset[str]) -> list[str]:
     return sorted(types - {"integer"} if "number" in types else types)
 
 
@@ -80,7 +74,7 @@ def _negate(conv: Converter, schema: object, depth: int = 0) -> list | None:
     """Schemas whose union is the complement of `schema`, or None when that takes a
     subtraction of grammars. not (k1 and k2 ...) = (not k1) or (not k2) ..., each keyword
     negated by a rule; keywords without one (enum, pattern, minimum, ...) give None."""
-    schema = _flat(conv, schema)
+    schema = flat_schema(conv, schema)
     if schema is False:
         return [True]
     if not asserts(schema):
@@ -103,7 +97,7 @@ def _negate_keyword(conv: Converter, key: str, value: object, depth: int) -> lis
         others = ALL_TYPES - type_set({"type": value})
         if "number" in others and "integer" not in others:
             return None  # "a number that is not an integer" is a subtraction
-        return [{"type": _type_list(others)}] if others else []
+        return [{"type": type_list(others)}] if others else []
     if key == "required":
         return [{"type": "object", "properties": {name: False}} for name in value]
     if key == "properties":
@@ -147,18 +141,18 @@ def _partial_types(schema: object) -> frozenset[str]:
 
 def compile_not(conv: Converter, rest: dict, negated: object) -> Node:
     """`rest` and not `negated`."""
-    keep = _flat(conv, rest)
+    keep = flat_schema(conv, rest)
     if keep is False:
         return NEVER
-    flat = _flat(conv, negated)
-    if not _types(keep) & _types(flat):
+    flat = flat_schema(conv, negated)
+    if not types_of(keep) & types_of(flat):
         return conv.compile(rest)
     variants = _negate(conv, negated)
     if variants is not None:
         return union(*(conv.compile_all([rest, v]) for v in variants))
     # only values of the types `negated` can reject survive; subtract it there
-    failing = (ALL_TYPES - _types(flat)) | _partial_types(flat)
-    types = {"type": _type_list(_types(keep) & failing)}
+    failing = (ALL_TYPES - types_of(flat)) | _partial_types(flat)
+    types = {"type": type_list(types_of(keep) & failing)}
     return subtract(conv, {"allOf": [rest, types]}, [negated], "not")
 
 
@@ -167,11 +161,11 @@ def subtract(conv: Converter, keep: object, drops: list, keyword: str) -> Node:
     apply to them) are taken out of `keep`; where a drop accepts part of a type, `Minus`
     subtracts it, all compiled in canonical spelling: those parts must compile exactly and be
     scalars."""
-    types = _types(_flat(conv, keep))
+    types = types_of(flat_schema(conv, keep))
     parts = []
     for drop in drops:
-        flat = _flat(conv, drop)
-        accepted = _types(flat) & types
+        flat = flat_schema(conv, drop)
+        accepted = types_of(flat) & types
         partial = _partial_types(flat)
         if "integer" in accepted - partial and "number" in types - accepted:
             partial |= {"integer"}  # all integers of the numbers: a subtraction
@@ -179,158 +173,31 @@ def subtract(conv: Converter, keep: object, drops: list, keyword: str) -> Node:
         parts.append((drop, accepted & partial))
     saved, conv.canonical = conv.canonical, True
     try:
-        kept = conv.compile({"allOf": [keep, {"type": _type_list(types)}]})
+        kept = conv.compile({"allOf": [keep, {"type": type_list(types)}]})
         nodes = []
         for drop, part in parts:
             part &= types
             if not part:
                 continue
-            drop = {"allOf": [drop, {"type": _type_list(part)}]}
+            drop = {"allOf": [drop, {"type": type_list(part)}]}
             if part & {"object", "array"}:
                 raise unsupported(
-                    keyword, f" here: it would subtract objects or arrays ({_brief(drop)})"
+                    keyword, f" here: it would subtract objects or arrays ({brief(drop)})"
                 )
             before = conv.ctx.approximations
             nodes.append(conv.compile(drop))
             if conv.ctx.approximations != before:
                 raise unsupported(
-                    keyword, f" here: it would subtract an approximation ({_brief(drop)})"
+                    keyword, f" here: it would subtract an approximation ({brief(drop)})"
                 )
     finally:
         conv.canonical = saved
     return prune_empty(minus(kept, union(*nodes)))
 
 
-def _brief(schema: object) -> str:
+def brief(schema: object) -> str:
     text = json.dumps(schema, ensure_ascii=False)
     return text if len(text) <= 120 else text[:117] + "..."
-
-
-def _object_only(schema: object) -> bool:
-    """Only object keywords: every non-object value satisfies the schema."""
-    if not isinstance(schema, dict) or not asserts(schema):
-        return False
-    return all(k in OBJECT_KEYWORDS or not asserts({k: v}) for k, v in schema.items())
-
-
-def compile_one_of(conv: Converter, rest: dict, branches: list) -> Node:
-    alone = [_flat(conv, b) for b in branches]
-    if len(branches) > 1 and all(_object_only(b) for b in alone):
-        # a non-object satisfies every branch, so more than one: only objects qualify
-        branches = [{"allOf": [b, {"type": "object"}]} for b in branches]
-    flat = [_flat(conv, {"allOf": [rest, b]}) for b in branches]
-    cache: dict[tuple[str, str], bool] = {}
-
-    def probe(a: dict, b: dict) -> bool:
-        key = (json.dumps(a, sort_keys=True), json.dumps(b, sort_keys=True))
-        if key not in cache:
-            cache[key] = cache[key[::-1]] = _grammars_disjoint(conv, a, b)
-        return cache[key]
-
-    overlaps = [
-        [
-            j
-            for j in range(len(flat))
-            if j != i and not disjoint(flat[i], flat[j], conv.resolve, probe)
-        ]
-        for i in range(len(flat))
-    ]
-    nodes = []
-    for i, branch in enumerate(branches):
-        mine = {"allOf": [rest, branch]}
-        if not overlaps[i]:
-            nodes.append(conv.compile(mine))
-        elif any(_implies(flat[i], alone[j]) for j in overlaps[i]):
-            conv.ctx.note(f"oneOf branch {i} lies inside another branch: never valid")
-        elif isinstance(flat[i], dict) and type_set(flat[i]) <= {"object"}:
-            nodes.append(_exclude_required(conv, mine, flat, i, overlaps[i], probe))
-        else:
-            drops = [{"allOf": [rest, branches[j]]} for j in overlaps[i]]
-            nodes.append(subtract(conv, mine, drops, "oneOf"))
-    return union(*nodes)
-
-
-def _implies(mine: object, theirs: object) -> bool:
-    """`mine` accepts only values `theirs` accepts, in the simple case where `theirs` only
-    requires names `mine` requires too."""
-    if not isinstance(mine, dict) or not isinstance(theirs, dict):
-        return False
-    keys = {k for k in theirs if asserts({k: theirs[k]})}
-    if not keys <= {"required", "type"} or type_set(mine) - type_set(theirs):
-        return False
-    return set(theirs.get("required", [])) <= set(mine.get("required", [])) and "object" in (
-        type_set(mine) if "type" not in theirs else type_set(theirs)
-    )
-
-
-def _grammars_disjoint(conv: Converter, a: dict, b: dict) -> bool:
-    """Two scalar schemas share no value: their exact canonical grammars do not intersect."""
-    saved, conv.canonical = conv.canonical, True
-    before, notes = conv.ctx.approximations, len(conv.ctx.notes)
-    try:
-        node = both(conv.compile(a), conv.compile(b))
-    except GrammarError:
-        return False
-    finally:
-        conv.canonical = saved
-    exact = conv.ctx.approximations == before
-    conv.ctx.approximations = before  # a probe, not part of the grammar
-    del conv.ctx.notes[notes:]
-    return exact and prune_empty(node) == NEVER
-
-
-def _exclude_required(conv: Converter, mine: dict, flat: list, i: int, others: list, probe) -> Node:
-    """Object branch i without the objects the other branches could also accept: a subset of
-    "i and not the others" (see `_separator`)."""
-    extra = []
-    for j in others:
-        separator = _separator(conv, flat[i], flat[j], probe, 0)
-        if separator is None:
-            pair = f"{_brief(flat[i])} / {_brief(flat[j])}"
-            raise unsupported("oneOf", f": branches {i} and {j} may overlap ({pair})")
-        extra.append(separator)
-        conv.ctx.approximate(
-            f"oneOf branch {i}: objects that branch {j} could accept are not generated"
-        )
-    return conv.compile_all([mine, *extra])
-
-
-def _separator(conv: Converter, mine: object, theirs: object, probe, depth: int) -> object:
-    """A schema that, added to object schema `mine`, excludes every object `theirs` accepts:
-    `false` if `theirs` accepts every object; else forbid a name `theirs` requires; or, under
-    a name both require, such a condition on the value; or require a name whose values the two
-    schemas keep disjoint; or, if `theirs` is closed, require a name only `mine` declares.
-    None if none of these applies."""
-    if not isinstance(mine, dict) or not isinstance(theirs, dict) or depth > 3:
-        return None
-    plain = all(k in ("type", "properties") or not asserts({k: v}) for k, v in theirs.items())
-    if plain and not any(asserts(v) for v in theirs.get("properties", {}).values()):
-        return False  # `theirs` accepts every object
-    required = mine.get("required", [])
-    props = mine.get("properties", {})
-    names = [n for n in theirs.get("required", []) if n not in required]
-    if names:
-        names.sort(key=lambda n: n in props)
-        return {"properties": {names[0]: False}}
-    for name in theirs.get("required", []):
-        sub_mine = _flat(conv, props.get(name, True))
-        sub_theirs = _flat(conv, theirs.get("properties", {}).get(name, True))
-        if isinstance(sub_mine, dict) and type_set(sub_mine) <= {"object"}:
-            inner = _separator(conv, sub_mine, sub_theirs, probe, depth + 1)
-            if inner is not None:
-                return {"properties": {name: inner}}
-    their_props = theirs.get("properties", {})
-    for name, sub in props.items():
-        if name in their_props and disjoint(sub, their_props[name], conv.resolve, probe):
-            return {"required": [name]}
-    closed = theirs.get("additionalProperties") is False and "patternProperties" not in theirs
-    if closed:
-        only_mine = [
-            n for n in props if n not in theirs.get("properties", {}) and props[n] is not False
-        ]
-        if only_mine:
-            return {"required": [only_mine[0]]}
-    return None
 
 
 def compile_if(conv: Converter, rest: dict, schema: dict) -> Node:

@@ -13,8 +13,8 @@ Dispatch on a schema object:
    specify).
 3. `allOf` (with sibling keywords): merged into one schema (json_compose), leftovers
    intersected with `Both`.
-4. `not`, `if`/`then`/`else`, dependencies, `oneOf` (json_logic); `anyOf`: sibling keywords
-   merged into every branch, then alternation.
+4. `not`, `if`/`then`/`else`, dependencies (json_logic), `oneOf` (json_oneof); `anyOf`:
+   sibling keywords merged into every branch, then alternation.
 5. Otherwise `type` (all types when absent) chooses the branches; each type's keywords apply
    only to it (json_strings, json_numbers, json_objects, json_arrays); `enum` / `const`
    values are rendered as exact JSON text and intersected with the other keywords when any
@@ -51,7 +51,6 @@ from tgix.grammar.json_keywords import (
 from tgix.grammar.json_logic import (
     compile_if,
     compile_not,
-    compile_one_of,
     dependency_variants,
     unsupported,
 )
@@ -66,6 +65,7 @@ from tgix.grammar.json_numbers import (
     number_range,
 )
 from tgix.grammar.json_objects import KEY, object_node
+from tgix.grammar.json_oneof import compile_one_of
 from tgix.grammar.json_refs import Resolver
 from tgix.grammar.json_strings import as_tuple, string_node
 from tgix.grammar.options import GrammarOptions
