@@ -672,3 +672,32 @@ def test_one_of_with_a_branch_that_only_constrains_strings():
     """{"pattern": ...} accepts every non-string, so those match both branches."""
     schema = {"oneOf": [{"type": ["string", "array", "null"]}, {"pattern": "^[0-9]+$"}]}
     check(schema, valid=["abc", 5, {}], invalid=["123", [], None])
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        [],
+        5,
+        {"type": 5},
+        {"type": ["string", 5]},
+        {"properties": []},
+        {"properties": {"a": "string"}},
+        {"required": "a"},
+        {"enum": 5},
+        {"not": 5},
+        {"oneOf": [5]},
+        {"allOf": []},
+        {"items": 5},
+        {"minLength": -1},
+        {"maxItems": 1.5},
+        {"pattern": 5},
+        {"minimum": "a"},
+        {"multipleOf": 0},
+        {"$ref": 5},
+        {"dependentRequired": {"a": "b"}},
+    ],
+)
+def test_malformed_schemas_raise_grammar_errors(schema):
+    with pytest.raises(GrammarError):
+        schema_to_tree(schema)

@@ -135,3 +135,46 @@ def bounds_keywords(bounds: Bounds) -> dict:
 
 def _plain(value: Decimal) -> int | float:
     return int(value) if value == value.to_integral_value() else float(value)
+
+
+_SCHEMA_VALUED = ("not", "if", "then", "else", "additionalProperties", "propertyNames")
+_SCHEMA_VALUED += ("contains", "additionalItems", "unevaluatedProperties", "unevaluatedItems")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "patternProperties", "dependentSchemas")
+
+
+def check_shape(schema: dict) -> None:
+    """GrammarError when a keyword's value has the wrong JSON type (a subschema that is not
+    an object or boolean, a `type` that is not a name or list of names, ...)."""
+
+    def is_schema(value: object) -> bool:
+        return isinstance(value, dict | bool)
+
+    def fail(key: str, what: str) -> GrammarError:
+        return GrammarError(f"JSON Schema keyword {key!r} must be {what}")
+
+    for key in _SCHEMA_VALUED:
+        if key in schema and not is_schema(schema[key]):
+            raise fail(key, "a schema (an object or a boolean)")
+    for key in _SCHEMA_LISTS:
+        if key in schema and not (
+            isinstance(schema[key], list) and all(map(is_schema, schema[key]))
+        ):
+            raise fail(key, "an array of schemas")
+    for key in _SCHEMA_MAPS:
+        value = schema.get(key, {})
+        if not (isinstance(value, dict) and all(map(is_schema, value.values()))):
+            raise fail(key, "an object whose values are schemas")
+    items = schema.get("items", True)
+    if not (is_schema(items) or (isinstance(items, list) and all(map(is_schema, items)))):
+        raise fail("items", "a schema or an array of schemas")
+    t = schema.get("type", [])
+    if not (isinstance(t, str) or (isinstance(t, list) and all(isinstance(x, str) for x in t))):
+        raise fail("type", "a type name or an array of type names")
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        raise fail("enum", "an array")
+    for key in ("dependencies", "dependentRequired"):
+        for dep in (schema.get(key) or {}).values() if isinstance(schema.get(key), dict) else ():
+            names = isinstance(dep, list) and all(isinstance(n, str) for n in dep)
+            if not names and (key == "dependentRequired" or not is_schema(dep)):
+                raise fail(key, "an object of name lists (or schemas, for 'dependencies')")

@@ -43,6 +43,7 @@ from tgix.grammar.json_compose import Merger
 from tgix.grammar.json_keywords import (
     KEYWORDS_BY_TYPE,
     asserts,
+    check_shape,
     declared_types,
     enum_values,
     numeric_bounds,
@@ -154,6 +155,7 @@ class Converter:
         for keyword in ("$dynamicRef", "$recursiveRef"):
             if keyword in schema:
                 raise unsupported(keyword)
+        check_shape(schema)
         if not asserts(schema):
             return self.any_value()
 
