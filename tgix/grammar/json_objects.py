@@ -60,9 +60,15 @@ def object_node(schema: dict, ctx: Context, compile_: Compile, names: Node | Non
         additional = not ctx.options.strict
     regexes = {p: pattern_regex(p, CANONICAL_UNIT) for p in patterns}
 
-    def matching(name: str) -> list[object]:
+    def matches(rx: str, name: str) -> bool:
         text = json_string_text(name)[1:-1]
-        return [patterns[p] for p, rx in regexes.items() if re.fullmatch(rx, text)]
+        try:
+            return re.fullmatch(rx, text) is not None
+        except re.error:  # e.g. an empty class, which Python's re cannot parse
+            return prune_empty(both(literal(text), Regex(rx))) != NEVER
+
+    def matching(name: str) -> list[object]:
+        return [patterns[p] for p, rx in regexes.items() if matches(rx, name)]
 
     def schema_for(name: str, declared: object | None) -> object:
         parts = ([declared] if declared is not None else []) + matching(name)
