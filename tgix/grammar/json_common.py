@@ -9,6 +9,9 @@
 - `value_literal`: any JSON value as the exact text a grammar allows for `const` / `enum`.
 - `STRING_UNIT` / `CANONICAL_UNIT`: one code point of JSON string content, in any JSON
   spelling or in the single spelling `json.dumps(..., ensure_ascii=False)` produces.
+- `prune_empty` (an intersection or difference that may be empty becomes NEVER) and `atomic`
+  (a piece the automaton should minimise on its own).
+- `Context`: options, notes and the count of approximations of one conversion.
 """
 
 from __future__ import annotations
