@@ -170,14 +170,17 @@ def _reinit_(model, seed: int) -> None:
 
 
 def write_tiny_checkpoint(
-    family: str, path, *, seed: int = 0, sharded: bool = False
+    family: str, path, *, seed: int = 0, sharded: bool = False, overrides: dict | None = None
 ) -> pathlib.Path:
-    """Save a random tiny ``family`` model (safetensors, >=2 shards if ``sharded``) + tokenizer."""
+    """Save a random tiny ``family`` model (safetensors, >=2 shards if ``sharded``) + tokenizer.
+    ``overrides`` replace config fields (e.g. head counts for tensor-parallel layouts)."""
     import torch
     import transformers
 
     path = pathlib.Path(path)
     config = _make_config(family)
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
     model_class = getattr(transformers, type(config).__name__.replace("Config", "ForCausalLM"))
     model = model_class(config).to(torch.float32).eval()

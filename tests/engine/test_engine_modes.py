@@ -61,17 +61,32 @@ def test_chunked_prefill_gives_the_same_ids(tiny_checkpoints, xla_cache, driver_
 
 
 def test_tensor_parallel_mesh_gives_the_same_ids(tiny_checkpoints, xla_cache, driver_greedy):
-    """Weights and KV pages split over 2 devices on the "model" axis (KV heads sharded): the
-    same greedy ids as the single-device forward."""
+    """Weights and KV pages split over 4 devices on the "model" axis (the 2 KV heads repeated
+    to 4): the same greedy ids as the single-device forward, the same executables as one
+    device, nothing compiled while serving, every page back."""
+    import jax
+
     from tgix.sharding import make_mesh
 
-    eng = make_engine(tiny_checkpoints("llama"), xla_cache, mesh=make_mesh(model=2))
+    prompts = [prompt(500 + i, 5 + 7 * i) for i in range(3)]
+    expected = [driver_greedy(p, 10) for p in prompts]
+    eng = make_engine(tiny_checkpoints("llama"), xla_cache, mesh=make_mesh(model=4))
+    single = make_engine(tiny_checkpoints("llama"), xla_cache)
+    compiles = []
+    listener = lambda event, duration, **kw: compiles.append(event)
+    jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         assert eng.runner.kv[0].k.sharding.spec[2] == "model"
-        prompts = [prompt(500 + i, 5 + 7 * i) for i in range(3)]
-        _assert_driver_ids(eng, prompts, 10, driver_greedy)
+        assert eng.runner.kv[0].k.shape[2] == 4
+        assert eng.runner.num_executables == single.runner.num_executables
+        streams = [eng.submit(greedy(10, prompt_ids=p)) for p in prompts]
+        assert [ids(list(s)[-1]) for s in streams] == expected
+        assert not [e for e in compiles if e.startswith("/jax/core/compile")]
+        _pages_back(eng)
     finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
         eng.shutdown()
+        single.shutdown()
 
 
 @pytest.mark.reference

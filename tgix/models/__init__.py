@@ -16,7 +16,7 @@ from tgix.models.gguf import GGUFSource
 from tgix.models.hub import ModelFiles, resolve_model
 from tgix.models.llama import LayerKV, LlamaForCausalLM
 from tgix.models.weights import load_weights
-from tgix.sharding import check_fits, make_mesh
+from tgix.sharding import check_fits, kv_repeats, mesh_for_model
 
 __all__ = [
     "CheckpointError",
@@ -27,6 +27,7 @@ __all__ = [
     "build_model",
     "default_dtype",
     "load_model",
+    "place",
 ]
 
 # Every supported model_type is a named switch of the Llama decoder.
@@ -59,6 +60,7 @@ class LoadedModel:
     config: ModelConfig
     files: ModelFiles
     mesh: Mesh
+    checkpoint_kv_heads: int | None = None  # K before repetition for the mesh
 
 
 def load_model(
@@ -69,9 +71,18 @@ def load_model(
     cache_dir: str | None = None,
     dtype=None,
     mesh: Mesh | None = None,
+    num_shard: int | None = 1,
+    data: int = 1,
     attention: str = "paged",
 ) -> LoadedModel:
-    """Load a checkpoint (folder, .gguf, Hub id; None = the embedded SmolLM2) onto `mesh`."""
+    """Load a checkpoint (folder, .gguf, Hub id; None = the embedded SmolLM2) onto `mesh`.
+
+    On a model axis wider than the KV heads, each KV head is repeated at load time
+    (`LoadedModel.config.num_kv_heads` is then the repeated count; the checkpoint's is kept
+    in `checkpoint_kv_heads`). Without `mesh`, one over `num_shard` devices (None: the
+    widest layout the heads allow on every visible device, or on 1/`data` of them when
+    `data` replicas will share them); a count the heads refuse raises ShardingError naming
+    the valid ones. The model goes to the first replica's devices (`place` copies it)."""
     files = resolve_model(model_id, revision=revision, token=token, cache_dir=cache_dir)
     if files.kind == "gguf":
         source = GGUFSource(files.path)
@@ -82,10 +93,37 @@ def load_model(
             raise CheckpointError(f"{files.path} has no config.json")
         hf_config = json.loads(config_file.read_text())
         source = SafetensorsSource(files.path)
-    cfg = ModelConfig.from_hf(hf_config)
-    mesh = mesh or make_mesh()
-    check_fits(cfg, mesh)
+    checkpoint_cfg = ModelConfig.from_hf(hf_config)
+    if mesh is None:
+        mesh = mesh_for_model(checkpoint_cfg, num_shard, data=data)
+        mesh = Mesh(mesh.devices[:1], mesh.axis_names)  # replica 0
+    check_fits(checkpoint_cfg, mesh)
+    repeats = kv_repeats(checkpoint_cfg.num_kv_heads, mesh.shape["model"])
+    cfg = dataclasses.replace(checkpoint_cfg, num_kv_heads=checkpoint_cfg.num_kv_heads * repeats)
     dtype = jnp.dtype(dtype or default_dtype())  # accepts "bfloat16" etc.
     abstract = build_model(cfg, dtype=dtype, abstract=True, attention=attention)
-    model = load_weights(abstract, cfg, source, mesh, dtype)
-    return LoadedModel(model=model, config=cfg, files=files, mesh=mesh)
+    model = load_weights(abstract, checkpoint_cfg, source, mesh, dtype, kv_repeats=repeats)
+    return LoadedModel(
+        model=model,
+        config=cfg,
+        files=files,
+        mesh=mesh,
+        checkpoint_kv_heads=checkpoint_cfg.num_kv_heads,
+    )
+
+
+def place(loaded: LoadedModel, mesh: Mesh) -> LoadedModel:
+    """A copy of `loaded`'s parameters on another mesh of the same shape (a data-parallel
+    replica): each parameter keeps its logical layout, device_put device to device."""
+    from tgix.sharding import sharding_for
+
+    if dict(mesh.shape) != dict(loaded.mesh.shape):
+        raise ValueError(f"mesh {dict(mesh.shape)} differs from {dict(loaded.mesh.shape)}")
+    graphdef, state = nnx.split(loaded.model)
+
+    def copy(var: nnx.Variable) -> nnx.Variable:
+        value = var[...]
+        return var.replace(jax.device_put(value, sharding_for(mesh, var.axes, value.shape)))
+
+    state = jax.tree.map(copy, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return dataclasses.replace(loaded, model=nnx.merge(graphdef, state), mesh=mesh)

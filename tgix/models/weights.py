@@ -28,11 +28,14 @@ _IGNORED = re.compile(r".*rotary_emb\.inv_freq|.*\.masked_bias|.*\.attn\.bias")
 
 
 def _weight_table(
-    cfg: ModelConfig,
+    cfg: ModelConfig, kv_repeats: int = 1
 ) -> list[tuple[re.Pattern, Callable[[re.Match], Path], Transform]]:
-    """(name pattern, parameter path, transform) rows; HF linear weights are [out, in]."""
+    """(name pattern, parameter path, transform) rows; HF linear weights are [out, in].
+    `kv_repeats` > 1 repeats each KV head in place (head j of the result is head
+    j // kv_repeats of the checkpoint), so query head n still reads its own KV head."""
     d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     ident: Transform = lambda w: w
+    kv_heads: Transform = lambda w: np.repeat(w, kv_repeats, axis=-2) if kv_repeats > 1 else w
     transpose: Transform = lambda w: w.T
     layer = r"model\.layers\.(\d+)\."
 
@@ -56,12 +59,12 @@ def _weight_table(
         (
             layer + r"self_attn\.k_proj\.weight",
             at("self_attn", "k_proj", "kernel"),
-            lambda w: w.T.reshape(d, k, h),
+            lambda w: kv_heads(w.T.reshape(d, k, h)),
         ),
         (
             layer + r"self_attn\.v_proj\.weight",
             at("self_attn", "v_proj", "kernel"),
-            lambda w: w.T.reshape(d, k, h),
+            lambda w: kv_heads(w.T.reshape(d, k, h)),
         ),
         (
             layer + r"self_attn\.o_proj\.weight",
@@ -76,12 +79,12 @@ def _weight_table(
         (
             layer + r"self_attn\.k_proj\.bias",
             at("self_attn", "k_proj", "bias"),
-            lambda b: b.reshape(k, h),
+            lambda b: kv_heads(b.reshape(k, h)),
         ),
         (
             layer + r"self_attn\.v_proj\.bias",
             at("self_attn", "v_proj", "bias"),
-            lambda b: b.reshape(k, h),
+            lambda b: kv_heads(b.reshape(k, h)),
         ),
         (layer + r"self_attn\.o_proj\.bias", at("self_attn", "o_proj", "bias"), ident),
         (layer + r"self_attn\.q_norm\.weight", at("self_attn", "q_norm", "weight"), ident),
@@ -104,16 +107,23 @@ def _match(table, name: str) -> tuple[Path, Transform] | None:
 
 
 def load_weights(
-    model_abstract: nnx.Module, cfg: ModelConfig, source: TensorSource, mesh: Mesh, dtype
+    model_abstract: nnx.Module,
+    cfg: ModelConfig,
+    source: TensorSource,
+    mesh: Mesh,
+    dtype,
+    *,
+    kv_repeats: int = 1,
 ) -> nnx.Module:
     """Fill an abstract model (from `nnx.eval_shape`) with checkpoint tensors on `mesh`.
+    `cfg` is the checkpoint's config; `kv_repeats` copies of each KV head are placed.
 
     Raises CheckpointError naming the tensor on: an unexpected tensor, a shape mismatch, a
     tensor set twice, or a parameter the checkpoint lacks.
     """
     graphdef, state = nnx.split(model_abstract)
     expected: dict[Path, nnx.Variable] = dict(nnx.to_flat_state(state))
-    table = _weight_table(cfg)
+    table = _weight_table(cfg, kv_repeats)
     loaded: dict[Path, nnx.Variable] = {}
     for name in source.names():
         hit = _match(table, name)
@@ -143,7 +153,7 @@ def load_weights(
                 f"tensor {name!r} has shape {raw.shape}; expected one mapping to {tuple(var.shape)}"
             )
         host = np.ascontiguousarray(value, dtype=dtype)
-        loaded[path] = var.replace(jax.device_put(host, sharding_for(mesh, var.axes)))
+        loaded[path] = var.replace(jax.device_put(host, sharding_for(mesh, var.axes, host.shape)))
         del raw, value, host
     missing = [".".join(map(str, p)) for p in expected if p not in loaded]
     if missing:

@@ -1,6 +1,24 @@
 """Meshes and partitioning rules."""
 
-from tgix.sharding.mesh import make_mesh
-from tgix.sharding.rules import check_fits, kv_pages_sharding, sharding_for, spec_for
+from tgix.sharding.mesh import make_mesh, mesh_for_model
+from tgix.sharding.rules import (
+    ShardingError,
+    check_fits,
+    kv_pages_sharding,
+    kv_repeats,
+    sharding_for,
+    spec_for,
+    valid_shard_counts,
+)
 
-__all__ = ["check_fits", "kv_pages_sharding", "make_mesh", "sharding_for", "spec_for"]
+__all__ = [
+    "ShardingError",
+    "check_fits",
+    "kv_pages_sharding",
+    "kv_repeats",
+    "make_mesh",
+    "mesh_for_model",
+    "sharding_for",
+    "spec_for",
+    "valid_shard_counts",
+]

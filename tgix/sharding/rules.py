@@ -2,7 +2,15 @@
 
 Parameters are tagged at creation with logical axes (tgix/models/layers.py); this table is the
 only place that decides how each is laid out. Heads and the MLP width split over "model" so
-every matmul is local and one all-reduce per block joins the partial sums.
+every matmul is local and one all-reduce per block joins the partial sums. The vocabulary
+(embedding table, LM head) splits over "model" too when V divides evenly: the head is the
+largest single matrix of a small model (28M of SmolLM2-135M's 135M parameters), and the
+[R, V] logits it produces are gathered once per step, which costs far less than every device
+reading the whole head.
+
+KV heads: when the model axis is wider than K but a multiple of it, each KV head is repeated
+(shards / K) times at load time (`kv_repeats`), so every device holds the one KV head its
+query heads read, as TGI and vLLM do.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from tgix.models.config import ModelConfig
 
 # logical axis -> mesh axis (None = replicated)
 LOGICAL_TO_MESH: dict[str, str | None] = {
-    "vocab": None,
+    "vocab": "model",
     "embed": None,
     "heads": "model",
     "kv_heads": "model",
@@ -23,13 +31,25 @@ LOGICAL_TO_MESH: dict[str, str | None] = {
 }
 
 
-def spec_for(axes: tuple[str, ...]) -> PartitionSpec:
-    """PartitionSpec of a parameter from its logical axes."""
-    return PartitionSpec(*(LOGICAL_TO_MESH[a] for a in axes))
+class ShardingError(ValueError):
+    """A model that cannot be laid out on the requested mesh (a start-up error)."""
 
 
-def sharding_for(mesh: Mesh, axes: tuple[str, ...]) -> NamedSharding:
-    return NamedSharding(mesh, spec_for(axes))
+def spec_for(axes: tuple[str, ...], shape: tuple[int, ...] | None = None, shards: int = 1):
+    """PartitionSpec of a parameter from its logical axes. With `shape`, an axis whose size
+    does not divide `shards` stays replicated (only the vocabulary can be uneven: the head
+    and MLP checks in `check_fits` refuse the others)."""
+    parts = []
+    for i, axis in enumerate(axes):
+        mesh_axis = LOGICAL_TO_MESH[axis]
+        if mesh_axis is not None and shape is not None and shape[i] % shards:
+            mesh_axis = None
+        parts.append(mesh_axis)
+    return PartitionSpec(*parts)
+
+
+def sharding_for(mesh: Mesh, axes: tuple[str, ...], shape=None) -> NamedSharding:
+    return NamedSharding(mesh, spec_for(axes, shape, mesh.shape["model"]))
 
 
 def kv_pages_sharding(mesh: Mesh) -> NamedSharding:
@@ -37,18 +57,41 @@ def kv_pages_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(None, None, LOGICAL_TO_MESH["kv_heads"], None))
 
 
+def kv_repeats(num_kv_heads: int, shards: int) -> int:
+    """How many copies of each KV head a `shards`-wide model axis needs: 1 when K divides
+    evenly, shards / K when the axis is a multiple of K, 0 when neither (no layout)."""
+    if num_kv_heads % shards == 0:
+        return 1
+    if shards % num_kv_heads == 0:
+        return shards // num_kv_heads
+    return 0
+
+
+def fits(cfg: ModelConfig, shards: int) -> bool:
+    return (
+        cfg.num_heads % shards == 0
+        and cfg.intermediate_size % shards == 0
+        and kv_repeats(cfg.num_kv_heads, shards) > 0
+    )
+
+
+def valid_shard_counts(cfg: ModelConfig, limit: int | None = None) -> list[int]:
+    """Every model-axis width this model can be split over (up to `limit` devices)."""
+    top = cfg.num_heads if limit is None else min(limit, cfg.num_heads)
+    return [s for s in range(1, top + 1) if fits(cfg, s)]
+
+
 def check_fits(cfg: ModelConfig, mesh: Mesh) -> None:
-    """Query heads, KV heads and MLP width must divide the model axis; say which counts work."""
+    """Query heads and MLP width must divide the model axis, KV heads divide it or be a
+    divisor of it (then replicated); the error names the counts and the widths that work."""
     shards = mesh.shape["model"]
-    sizes = {
-        "query heads": cfg.num_heads,
-        "KV heads": cfg.num_kv_heads,
-        "MLP width": cfg.intermediate_size,
-    }
-    bad = {name: size for name, size in sizes.items() if size % shards}
-    if bad:
-        valid = [s for s in range(1, cfg.num_heads + 1) if all(v % s == 0 for v in sizes.values())]
-        counts = ", ".join(f"{size} {name}" for name, size in sizes.items())
-        raise ValueError(
-            f"cannot shard {counts} over {shards} devices; valid shard counts: {valid}"
-        )
+    if fits(cfg, shards):
+        return
+    counts = (
+        f"{cfg.num_heads} query heads, {cfg.num_kv_heads} KV heads and MLP width "
+        f"{cfg.intermediate_size}"
+    )
+    raise ShardingError(
+        f"cannot shard {counts} over {shards} devices; valid shard counts: "
+        f"{', '.join(map(str, valid_shard_counts(cfg)))}"
+    )
