@@ -60,7 +60,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("revision", str, "Hub commit or branch, e.g. refs/pr/2"),
     Flag("validation_workers", int, "tokenizer threads for request validation (2)"),
     Flag("sharded", _true_false, "true|false: shard the model across devices"),
-    Flag("num_shard", int, "tensor-parallel degree (default: from visible devices)"),
+    Flag("num_shard", int, "tensor-parallel degree (default: every visible GPU/TPU; CPU 1)"),
     Flag("quantize", str, "weight quantization method", QUANTIZE_METHODS),
     Flag("speculate", int, "speculative tokens per step"),
     Flag("dtype", str, "parameter dtype", DTYPES),
@@ -110,6 +110,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("payload_limit", int, "max request body bytes (2000000)"),
     Flag("enable_prefill_logprobs", "switch", "allow decoder_input_details prompt logprobs"),
     Flag("graceful_termination_timeout", int, "seconds to drain on SIGTERM (90)", short="-g"),
+    Flag("data_parallel", int, "model replicas in this process, each on --num-shard devices"),
+    Flag("coordinator_address", str, "host:port of process 0 when several processes serve"),
+    Flag("num_processes", int, "processes serving one model (1); process 0 serves HTTP"),
+    Flag("process_id", int, "this process's index in 0..num_processes-1 (0)"),
 )
 
 

@@ -105,6 +105,8 @@ def main(argv: Sequence[str] | None, engine_factory: EngineFactory) -> int:
     except ArgumentError as exc:  # the factory's checks on the limits it derived
         print(exc, file=sys.stderr)
         return 1
+    if engine is None:  # a follower process of a group: it ran until process 0 stopped
+        return 0
     try:
         check_effective_limits(engine.limits)  # type: ignore[attr-defined]
     except ArgumentError as exc:

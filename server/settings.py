@@ -47,7 +47,7 @@ class Capabilities:
     quantize: frozenset[str] = frozenset()
     kv_cache_dtype: frozenset[str] = frozenset()
     max_speculate: int = 0
-    max_num_shard: int = 1
+    max_num_shard: int | None = None  # None: the engine checks against the devices
     lora: bool = False
 
 
@@ -66,7 +66,7 @@ class Settings:
     revision: str | None = None
     validation_workers: int = 2
     sharded: bool | None = None
-    num_shard: int = 1
+    num_shard: int | None = None  # None: every visible device (CPU: 1)
     quantize: str | None = None
     speculate: int | None = None
     dtype: str | None = None
@@ -115,6 +115,11 @@ class Settings:
     payload_limit: int = 2_000_000
     enable_prefill_logprobs: bool = False
     graceful_termination_timeout: int = 90
+    # tgix: several processes serving one model (jax.distributed); process 0 serves HTTP
+    coordinator_address: str | None = None
+    num_processes: int = 1
+    process_id: int = 0
+    data_parallel: int = 1  # tgix: model replicas in this process (each on num_shard devices)
 
 
 def _fail(message: str) -> ArgumentError:
@@ -150,7 +155,7 @@ def _nvidia_smi_count() -> int | None:
 
 def _resolve_num_shard(
     sharded: bool | None, num_shard: int | None, environ: Mapping[str, str], caps: Capabilities
-) -> int:
+) -> int | None:
     """§1.2, then the capability check: an explicit degree above what tgix serves is refused,
     an auto-detected one is capped with a log line."""
     explicit = num_shard is not None
@@ -167,10 +172,12 @@ def _resolve_num_shard(
     elif sharded is False and num_shard is None:
         num_shard = 1
     elif num_shard is None:
-        num_shard = _visible_devices(environ) or 1
+        num_shard = _visible_devices(environ)  # None: the engine counts JAX's devices
+    if num_shard is None:
+        return None
     if num_shard < 1:
         raise _fail("`num_shard` cannot be < 1")
-    if num_shard > caps.max_num_shard:
+    if caps.max_num_shard is not None and num_shard > caps.max_num_shard:
         if explicit or sharded is True:
             raise _fail(
                 f"`num_shard`={num_shard}: tensor-parallel serving across several devices is "
@@ -179,6 +186,25 @@ def _resolve_num_shard(
         log.info("found %d devices; serving on %d", num_shard, caps.max_num_shard)
         num_shard = caps.max_num_shard
     return num_shard
+
+
+def _check_processes(raw: dict) -> None:
+    """A group needs a coordinator and a process id inside it; replicas are per process."""
+    count, pid = raw.get("num_processes") or 1, raw.get("process_id") or 0
+    if count < 1:
+        raise _fail("`num_processes` cannot be < 1")
+    if not 0 <= pid < count:
+        raise _fail(f"`process_id` must be in 0..{count - 1}, got {pid}")
+    if count > 1 and not raw.get("coordinator_address"):
+        raise _fail("`num_processes` > 1 needs `coordinator_address` (host:port of process 0)")
+    data = raw.get("data_parallel") or 1
+    if data < 1:
+        raise _fail("`data_parallel` cannot be < 1")
+    if data > 1 and count > 1:
+        raise _fail(
+            "`data_parallel` > 1 runs replicas inside one process; with several "
+            "processes, run one group per replica instead"
+        )
 
 
 def _resolve_hostname(hostname: str | None, from_env: bool) -> str:
@@ -270,6 +296,7 @@ def resolve(
     _check_limits(raw)
     raw["num_shard"] = _resolve_num_shard(raw["sharded"], raw["num_shard"], environ, capabilities)
     raw["hostname"] = _resolve_hostname(raw["hostname"], raw.pop("_hostname_from_env", False))
+    _check_processes(raw)
     if raw["rope_scaling"] is not None and raw["rope_factor"] is None:
         raw["rope_factor"] = 1.0
     elif raw["rope_factor"] is not None and raw["rope_scaling"] is None:

@@ -27,12 +27,34 @@ def limit_request(settings):
     )
 
 
+def process_group(settings):
+    """This process's place in a multi-process group, or None for a single process."""
+    from tgix.sharding.distributed import ProcessGroup
+
+    if settings.num_processes <= 1:
+        return None
+    return ProcessGroup(settings.coordinator_address, settings.num_processes, settings.process_id)
+
+
+def shard_count(settings, group) -> int | None:
+    """TGI's default shards over every visible GPU/TPU; a single CPU process (where extra
+    devices are only simulated) defaults to one. None: the widest the heads allow."""
+    import jax
+
+    if settings.num_shard is not None:
+        return settings.num_shard
+    return None if group is not None or jax.default_backend() != "cpu" else 1
+
+
 def build_engine(settings):
-    """The launcher's engine factory: Settings -> a warmed-up Engine."""
+    """The launcher's engine factory: Settings -> a warmed-up Engine. In a multi-process
+    group, processes other than 0 replay process 0's steps here and return None when it
+    stops (they serve no HTTP)."""
     from server.metrics import record_step
     from server.settings import ArgumentError
-    from tgix.engine.factory import EngineOptions, create_engine
+    from tgix.engine.factory import EngineOptions, create_engine, create_replicas
     from tgix.models import load_model
+    from tgix.sharding import ShardingError
     from tgix.tokenizer import load_tokenizer
 
     if settings.rope_scaling is not None or settings.rope_factor is not None:
@@ -40,13 +62,30 @@ def build_engine(settings):
             "Invalid argument: `--rope-scaling`/`--rope-factor` are not supported yet; "
             "tgix applies the rope_scaling of the model's config.json"
         )
-    loaded = load_model(
-        settings.model_id,
-        revision=settings.revision,
-        dtype=settings.dtype,
-        cache_dir=settings.huggingface_hub_cache,
-        token=os.environ.get("HF_TOKEN"),
-    )
+    group = process_group(settings)
+    channel = None
+    if group is not None:
+        from tgix.sharding.distributed import Channel, initialize
+
+        initialize(group, heartbeat_timeout_s=int(os.environ.get("TGIX_HEARTBEAT_TIMEOUT", "10")))
+        channel = Channel()
+    try:
+        loaded = load_model(
+            settings.model_id,
+            revision=settings.revision,
+            dtype=settings.dtype,
+            cache_dir=settings.huggingface_hub_cache,
+            token=os.environ.get("HF_TOKEN"),
+            num_shard=shard_count(settings, group),
+            data=settings.data_parallel,
+        )
+    except ShardingError as exc:
+        raise ArgumentError(f"Invalid argument: {exc}") from exc
+    if group is not None and not group.is_leader:
+        from tgix.engine.follower import follow
+
+        follow(loaded, channel)
+        return None
     tokenizer = load_tokenizer(loaded.files, tokenizer_config_path=settings.tokenizer_config_path)
     limits = limit_request(settings)
     options = EngineOptions(
@@ -59,14 +98,26 @@ def build_engine(settings):
         grammar_workers=-1 if settings.disable_grammar_support else 1,
         grammar_strict=os.environ.get("TGIX_GRAMMAR_STRICT", "1") != "0",
     )
+    model_id = settings.model_id or DEFAULT_MODEL_NAME
     try:
+        if settings.data_parallel > 1:
+            return create_replicas(
+                loaded,
+                tokenizer,
+                limits,
+                options,
+                data=settings.data_parallel,
+                model_id=model_id,
+                on_step=record_step,
+            )
         return create_engine(
             loaded,
             tokenizer,
             limits,
             options,
-            model_id=settings.model_id or DEFAULT_MODEL_NAME,
+            model_id=model_id,
             on_step=record_step,
+            channel=channel,
         )
     except ValueError as exc:  # TGI's start-up checks on the effective limits
         raise ArgumentError(str(exc)) from exc

@@ -24,7 +24,8 @@ def test_every_setting_has_a_flag_and_tgis_defaults():
     assert (s.validation_workers, s.max_concurrent_requests, s.max_best_of) == (2, 128, 2)
     assert (s.max_stop_sequences, s.max_top_n_tokens, s.max_client_batch_size) == (4, 5, 4)
     assert (s.waiting_served_ratio, s.max_waiting_tokens, s.port) == (0.3, 20, 3000)
-    assert (s.payload_limit, s.graceful_termination_timeout, s.num_shard) == (2_000_000, 90, 1)
+    assert (s.payload_limit, s.graceful_termination_timeout, s.num_shard) == (2_000_000, 90, None)
+    assert (s.coordinator_address, s.num_processes, s.process_id) == (None, 1, 0)
     assert s.hostname == "127.0.0.1" and s.cors_allow_origin == () and s.api_key is None
 
 
@@ -99,10 +100,15 @@ def test_legacy_input_length_and_hostname():
             "not enough cuda devices: `sharded` is true but only found 1 CUDA devices",
         ),
         (
-            ["--num-shard", "2"],
+            ["--num-processes", "2"],
             {},
-            "Invalid argument: `num_shard`=2: tensor-parallel serving across "
-            "several devices is not available in tgix yet (at most 1)",
+            "Invalid argument: `num_processes` > 1 needs `coordinator_address` (host:port of "
+            "process 0)",
+        ),
+        (
+            ["--process-id", "2"],
+            {"NUM_PROCESSES": "2", "COORDINATOR_ADDRESS": "10.0.0.1:1234"},
+            "Invalid argument: `process_id` must be in 0..1, got 2",
         ),
         (
             ["--trust-remote-code"],
@@ -147,7 +153,13 @@ def test_capabilities_hook_and_device_derivation():
     with pytest.raises(ArgumentError, match="Only 1 can be set between `dtype` and `quantize`"):
         parse_args(["--quantize", "fp8", "--dtype", "float16"], environ={}, capabilities=caps)
     assert parse_args([], environ={"CUDA_VISIBLE_DEVICES": "0,1"}, capabilities=caps).num_shard == 2
-    assert parse(CUDA_VISIBLE_DEVICES="0,1,2").num_shard == 1  # detected, capped: no error
+    one = Capabilities(max_num_shard=1)
+    detected = parse_args([], environ={"CUDA_VISIBLE_DEVICES": "0,1,2"}, capabilities=one)
+    assert detected.num_shard == 1  # detected, capped: no error
+    assert parse(CUDA_VISIBLE_DEVICES="0,1,2").num_shard == 3
+    assert parse("--num-shard", "2").num_shard == 2  # the engine checks it against the devices
+    group = parse("--num-processes", "2", "--process-id", "1", COORDINATOR_ADDRESS="h:9")
+    assert (group.coordinator_address, group.num_processes, group.process_id) == ("h:9", 2, 1)
     assert parse("--sharded", "false", CUDA_VISIBLE_DEVICES="0,1").num_shard == 1
 
 

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tgix.engine.buckets import StepShape
+
 
 @dataclasses.dataclass(frozen=True)
 class RowInput:
@@ -80,3 +82,20 @@ def pack_step(
         out["logits_indices"][i] = cursor + n - 1
         cursor += n
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class HostStep:
+    """One step packed on the host (numpy), padded to its bucket: what `dispatch` sends to
+    the device, and what process 0 of a group sends to the others (small: ids, metadata,
+    sampling settings, grammar words)."""
+
+    shape: StepShape
+    history_len: int
+    token_ids: np.ndarray  # [T] int32
+    metadata: dict[str, np.ndarray]  # AttentionMetadata fields
+    logits_indices: np.ndarray  # [R] int32
+    sampling: dict[str, np.ndarray]  # SamplingArrays fields, [R] each
+    positions: np.ndarray  # [R] int32
+    history: np.ndarray  # [R, L] int32
+    masks: np.ndarray | None  # [R, W] uint32 grammar words, or None

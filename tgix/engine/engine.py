@@ -128,6 +128,9 @@ class Engine:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout_s)
+        if self.runner.broadcast is not None:  # the other processes of a group stop too
+            self.runner.broadcast(("stop",))
+            self.runner.broadcast = None
         if self.grammar_compiler is not None:
             self.grammar_compiler.close()
 

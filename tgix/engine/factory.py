@@ -49,6 +49,7 @@ class EngineOptions:
     grammar_workers: int = 1  # grammar compile processes; 0: in the caller's thread; -1: none
     # objects without additionalProperties are closed (TGI, OpenAI); False: JSON Schema's open
     grammar_strict: bool = True
+    host_memory_share: float = 1.0  # CPU: the part of the KV budget this engine takes
 
 
 def free_device_bytes(mesh, fraction: float = 1.0) -> int:
@@ -69,7 +70,11 @@ def create_engine(
     *,
     model_id: str = "",
     on_step: StepHook | None = None,
+    channel=None,
 ) -> Engine:
+    """Size the limits, compile, warm up. `channel` (process 0 of a multi-process group,
+    tgix.sharding.distributed.Channel): the runner config and every step go to the other
+    processes (tgix.engine.follower), which run them on their devices."""
     limits = limits or LimitRequest()
     options = options or EngineOptions()
     cfg = loaded.config
@@ -77,7 +82,11 @@ def create_engine(
     kv_dtype = jnp.dtype(options.kv_dtype) if options.kv_dtype else _param_dtype(loaded)
     model_shards = loaded.mesh.shape.get("model", 1)
     per_token = kv_bytes_per_token(cfg, kv_dtype) // model_shards
-    free = cpu_kv_bytes() if on_cpu else free_device_bytes(loaded.mesh, options.memory_fraction)
+    free = (
+        int(cpu_kv_bytes() * options.host_memory_share)
+        if on_cpu
+        else free_device_bytes(loaded.mesh, options.memory_fraction)
+    )
     budget = kv_budget_tokens(free_bytes=free, kv_bytes_per_token=per_token, on_cpu=on_cpu)
     effective = resolve_limits(
         limits,
@@ -100,9 +109,9 @@ def create_engine(
         from tgix.tokenizer import cache_root
 
         root = Path(options.compilation_cache or cache_root() / "xla")
-        if on_cpu:  # serialized executables (see executable_cache.py for why not both)
-            executable_cache = str(root / "tgix-executables")
-        else:
+        if on_cpu and channel is None:  # serialized executables (see executable_cache.py
+            executable_cache = str(root / "tgix-executables")  # for why not both)
+        elif not on_cpu:  # (a CPU group compiles at each start)
             enable_compilation_cache(root)
     num_pages = effective.max_batch_total_tokens // page_size + 1  # + the null page
     runner = Runner(
@@ -119,6 +128,9 @@ def create_engine(
             executable_cache=executable_cache,
         ),
     )
+    if channel is not None:
+        channel.publish(("config", runner.config))
+        runner.broadcast = channel.publish
     if options.compile:
         start = time.perf_counter()
         runner.compile_all(progress=options.progress)
@@ -149,6 +161,43 @@ def create_engine(
     engine.grammar_compiler = _grammar_compiler(tokenizer, cfg.vocab_size, options)
     engine.warmup(run_request=options.warmup)
     return engine
+
+
+def create_replicas(
+    loaded: LoadedModel,
+    tokenizer,
+    limits: LimitRequest | None,
+    options: EngineOptions,
+    *,
+    data: int,
+    model_id: str = "",
+    on_step: StepHook | None = None,
+):
+    """`data` engines, one per (1, model) slice of the visible devices, behind one Replicas
+    facade (replica 0 holds `loaded`; the others get copies of its weights). One grammar
+    compiler serves them all; on CPU they split the host's KV budget."""
+    from tgix.engine.replicas import Replicas
+    from tgix.models import place
+    from tgix.sharding import make_mesh
+
+    width = loaded.mesh.shape["model"]
+    devices = jax.devices()
+    if data * width > len(devices):
+        raise ValueError(
+            f"{data} replicas of {width} devices need {data * width}; {len(devices)} are visible"
+        )
+    share = dataclasses.replace(options, host_memory_share=options.host_memory_share / data)
+    engines = []
+    for r in range(data):
+        mesh = make_mesh(model=width, devices=devices[r * width : (r + 1) * width])
+        replica = loaded if r == 0 else place(loaded, mesh)
+        replica_options = share if r == 0 else dataclasses.replace(share, grammar_workers=-1)
+        engines.append(
+            create_engine(
+                replica, tokenizer, limits, replica_options, model_id=model_id, on_step=on_step
+            )
+        )
+    return Replicas(engines)
 
 
 def _grammar_compiler(tokenizer, logit_width: int, options: EngineOptions):

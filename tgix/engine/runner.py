@@ -27,7 +27,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tgix.engine.batch import pack_step
+from tgix.engine.batch import HostStep, pack_step
 from tgix.engine.buckets import Buckets, StepShape
 from tgix.engine.executable_cache import ExecutableCache
 from tgix.engine.kv_cache import init_kv_pages
@@ -84,7 +84,10 @@ class RowSampling:
 
 
 class Runner:
-    """Owns the device state (parameters, KV pages) and the compiled executables."""
+    """Owns the device state (parameters, KV pages) and the compiled executables.
+
+    `broadcast`, when set (process 0 of a multi-process group), receives every dispatched
+    HostStep and every KV reset before the device does, so followers can repeat them."""
 
     def __init__(self, loaded: LoadedModel, config: RunnerConfig):
         self.config = config
@@ -105,6 +108,7 @@ class Runner:
         self._mask_exec: dict[int, Callable] = {}
         self.compile_seconds = 0.0
         self.dispatched_at = 0.0  # monotonic time of the last model-step dispatch
+        self.broadcast: Callable[[tuple], None] | None = None
 
     # -- compilation -----------------------------------------------------------------------------
 
@@ -112,14 +116,18 @@ class Runner:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=self._replicated)
 
     def _model_step(self, state, token_ids, kv, md, logits_indices, *, shape: StepShape):
+        """Logits [R, V] (and prompt logprobs [T]) come out replicated: on a mesh the LM
+        head leaves V split over "model", and the sampler, the mask and every process's
+        read-back take whole rows."""
         model = nnx.merge(self._graphdef, state)
+        whole = lambda a: jax.lax.with_sharding_constraint(a, self._replicated)
         if not shape.all_logits:
             logits, kv = model(token_ids, kv, md, logits_indices, fresh_rows=shape.fresh)
-            return logits, None, kv
+            return whole(logits), None, kv
         logits, kv = model(token_ids, kv, md, None, fresh_rows=shape.fresh)  # [T, V]
         next_ids = jnp.roll(token_ids, -1)  # prompt_lp[t] scores token t + 1
         prompt_lp = token_logprobs(logits, next_ids, vocab_limit=self._vocab_limit)  # [T]
-        return logits[logits_indices], prompt_lp, kv
+        return whole(logits[logits_indices]), whole(prompt_lp), kv
 
     def _describe(self, *what) -> str:
         """Everything that shapes a compiled program besides tgix's source and jax itself."""
@@ -256,31 +264,47 @@ class Runner:
         step's sampled ids, same rows in the same order), so this step can be sent before
         those ids are read back. `token_masks`: per row a grammar's packed allowed-token
         words [W] uint32, or None (unconstrained)."""
-        page_size = self.config.page_size
         shape = self.config.buckets.shape_for(rows, all_logits=prompt_logprobs)
         packed = pack_step(
             rows,
-            page_size=page_size,
+            page_size=self.config.page_size,
             num_tokens=shape.num_tokens,
             num_rows=shape.num_rows,
             pages_per_row=shape.pages_per_row,
         )
         history_len = self._history_len(sampling)
-        sampler_host = pack_sampling([s.params for s in sampling], shape.num_rows)
         positions = np.zeros(shape.num_rows, np.int32)
         positions[: len(sampling)] = [s.position for s in sampling]
-        histories = [s.history for s in sampling]
-        host = (
-            packed["token_ids"],
-            {k: packed[k] for k in METADATA_FIELDS},
-            packed["logits_indices"],
-            sampler_host,
-            positions,
-            pack_history(histories, shape.num_rows, history_len),
-            self._pack_masks(token_masks, shape.num_rows),
+        host = HostStep(
+            shape=shape,
+            history_len=history_len,
+            token_ids=packed["token_ids"],
+            metadata={k: packed[k] for k in METADATA_FIELDS},
+            logits_indices=packed["logits_indices"],
+            sampling=pack_sampling([s.params for s in sampling], shape.num_rows),
+            positions=positions,
+            history=pack_history([s.history for s in sampling], shape.num_rows, history_len),
+            masks=self._pack_masks(token_masks, shape.num_rows),
         )
-        token_ids, md, logits_indices, arrays, positions, history, masks = jax.device_put(
-            host, self._replicated
+        if self.broadcast is not None:  # other processes run the same step (lockstep.py)
+            self.broadcast(("step", host, device_token_ids is not None))
+        return self.dispatch(host, device_token_ids)
+
+    def dispatch(self, host: HostStep, device_token_ids: jax.Array | None = None) -> StepOutput:
+        """Send one packed step to the device: the model, the grammar mask when any row has
+        one, the sampler. Every process of a group calls this with the same `host`."""
+        shape = host.shape
+        arrays = (
+            host.token_ids,
+            host.metadata,
+            host.logits_indices,
+            host.sampling,
+            host.positions,
+            host.history,
+            host.masks,
+        )
+        token_ids, md, logits_indices, sampling, positions, history, masks = jax.device_put(
+            arrays, self._replicated
         )
         if device_token_ids is not None:
             if device_token_ids.shape != token_ids.shape:
@@ -292,8 +316,8 @@ class Runner:
         )
         if masks is not None:
             logits = self._mask_for(shape.num_rows)(logits, masks)
-        sampled = self._sampler_for(shape.num_rows, history_len)(
-            logits, SamplingArrays(**arrays), positions, history
+        sampled = self._sampler_for(shape.num_rows, host.history_len)(
+            logits, SamplingArrays(**sampling), positions, history
         )
         return StepOutput(*sampled, prompt_lp)
 
@@ -320,6 +344,8 @@ class Runner:
 
     def reset_kv(self) -> None:
         """Fresh zeroed pages (after a failed step whose donated buffers are gone)."""
+        if self.broadcast is not None:
+            self.broadcast(("reset_kv",))
         dtype = self.kv[0].k.dtype
         self.kv = init_kv_pages(
             self.cfg, self.config.num_pages, self.config.page_size, mesh=self.mesh, dtype=dtype
