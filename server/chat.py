@@ -120,6 +120,7 @@ def sampling_params(f: Fields, *, max_tokens: int | None) -> GenerateParams:
         stop=_stop(f),
         max_new_tokens=max_tokens,
         details=True,
+        ignore_eos=bool(f.optional("ignore_eos", "bool", False)),  # vLLM's extension
     )
 
 

@@ -39,6 +39,7 @@ class GenerateParams:
     top_n_tokens: int | None = None
     grammar: dict[str, Any] | None = None  # normal form (server.grammar)
     adapter_id: str | None = None
+    ignore_eos: bool = False  # OpenAI routes only: vLLM's extension (fixed-length benchmarks)
 
 
 @dataclass(slots=True, kw_only=True)

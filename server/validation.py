@@ -192,4 +192,5 @@ class Validator:
             prompt_logprobs=p.decoder_input_details and self.settings.enable_prefill_logprobs,
             best_of=p.best_of or 1,
             grammar=grammar,
+            ignore_eos=p.ignore_eos,
         )

@@ -208,6 +208,19 @@ def test_completions_several_prompts(http, live):
     assert all(req.prompt_ids[0] == 1 for req in live.engine.submitted)  # special tokens added
 
 
+def test_ignore_eos_is_vllms_extension_on_openai_routes(http, live):
+    """`ignore_eos` (vLLM's field, for fixed-length benchmarks) reaches the engine; it is
+    off unless given, and a non-boolean is refused like any mistyped field."""
+    http.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2, "ignore_eos": True})
+    chat = {"messages": USER, "max_tokens": 2}
+    http.post("/v1/chat/completions", json={**chat, "ignore_eos": True})
+    http.post("/v1/chat/completions", json=chat)
+    assert [r.ignore_eos for r in live.engine.submitted[-3:]] == [True, True, False]
+    r = http.post("/v1/completions", json={"prompt": "ab", "ignore_eos": "yes"})
+    assert r.status_code == 422
+    assert r.text.endswith('ignore_eos: invalid type: string "yes", expected a boolean')
+
+
 def test_completions_stream_interleaves_and_ends_with_done(http):
     r = http.post("/v1/completions", json={"prompt": ["ab", "cd"], "max_tokens": 2, "stream": True})
     events = _events(r.text)
