@@ -123,6 +123,6 @@ def test_parameters_are_placed_on_the_mesh(tiny_checkpoints):
 
     mesh = make_mesh(model=2, devices=jax.devices()[:2])
     loaded = load_model(str(tiny_checkpoints("llama")), mesh=mesh)
-    q = loaded.model.layers[0].self_attn.q_proj.kernel[...]  # [D, N, H], heads on "model"
-    assert q.sharding.spec == jax.sharding.PartitionSpec(None, "model", None)
-    assert {s.data.shape for s in q.addressable_shards} == {(40, 2, 16)}
+    q = loaded.model.layers[0].self_attn.q_proj.kernel[...]  # [D, N*H], heads on "model"
+    assert q.sharding.spec == jax.sharding.PartitionSpec(None, "model")
+    assert {s.data.shape for s in q.addressable_shards} == {(40, 2 * 16)}

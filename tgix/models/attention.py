@@ -44,9 +44,12 @@ METADATA_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionMetadata))
 
 def write_kv(pages: jax.Array, new: jax.Array, slot_mapping: jax.Array) -> jax.Array:
     """Scatter new K or V [T, K, H] into pages [num_pages, page_size, K, H] at slot_mapping."""
-    num_pages, page_size, k, h = pages.shape
-    flat = pages.reshape(num_pages * page_size, k, h)
-    return flat.at[slot_mapping].set(new.astype(pages.dtype)).reshape(pages.shape)
+    page_size = pages.shape[1]
+    page, offset = slot_mapping // page_size, slot_mapping % page_size
+    new = new.astype(pages.dtype)
+    if new.shape[0] == 1:
+        return jax.lax.dynamic_update_slice(pages, new[None], (page[0], offset[0], 0, 0))
+    return pages.at[page, offset].set(new, mode="promise_in_bounds")
 
 
 def reference_attention(

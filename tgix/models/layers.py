@@ -24,7 +24,7 @@ def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype,
 
 
 class Dense(nnx.Module):
-    """y = einsum(x, kernel) (+ bias). Kernels keep head axes explicit, e.g. q_proj [D, N, H]."""
+    """y = einsum(x, kernel) (+ bias), e.g. "td,df->tf" with kernel [D, F]."""
 
     def __init__(self, spec: str, kernel_shape, kernel_axes, *, bias: bool, rngs, dtype):
         self.spec = spec  # e.g. "td,dnh->tnh"

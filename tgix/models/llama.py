@@ -37,17 +37,16 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs, dtype, backend: str):
         d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.backend = backend
+        # Kernels are 2-D with the heads flattened ([D, N*H], [N*H, D]): plain matmuls. With
+        # separate head axes XLA:CPU re-lays o_proj's [N, H, D] kernel out on every step (a
+        # copy of every layer's weights, half of a batch-1 decode step).
+        self.num_heads, self.num_kv_heads, self.head_dim = n, k, h
         qkv = dict(bias=cfg.qkv_bias, rngs=rngs, dtype=dtype)
-        self.q_proj = Dense("td,dnh->tnh", (d, n, h), ("embed", "heads", "head_dim"), **qkv)
-        self.k_proj = Dense("td,dkh->tkh", (d, k, h), ("embed", "kv_heads", "head_dim"), **qkv)
-        self.v_proj = Dense("td,dkh->tkh", (d, k, h), ("embed", "kv_heads", "head_dim"), **qkv)
+        self.q_proj = Dense("td,df->tf", (d, n * h), ("embed", "heads"), **qkv)
+        self.k_proj = Dense("td,df->tf", (d, k * h), ("embed", "kv_heads"), **qkv)
+        self.v_proj = Dense("td,df->tf", (d, k * h), ("embed", "kv_heads"), **qkv)
         self.o_proj = Dense(
-            "tnh,nhd->td",
-            (n, h, d),
-            ("heads", "head_dim", "embed"),
-            bias=cfg.o_bias,
-            rngs=rngs,
-            dtype=dtype,
+            "tf,fd->td", (n * h, d), ("heads", "embed"), bias=cfg.o_bias, rngs=rngs, dtype=dtype
         )
         self.q_norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dtype) if cfg.qk_norm else None
         self.k_norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dtype) if cfg.qk_norm else None
@@ -56,7 +55,10 @@ class Attention(nnx.Module):
     def __call__(self, x, cos, sin, kv: LayerKV, md: AttentionMetadata, fresh_rows: bool):
         """x [T, D], cos/sin [T, H] -> ([T, D], updated LayerKV). `fresh_rows`: every row
         starts at position 0, so attention needs only this step's K/V (no page reads)."""
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [T, N, H], [T, K, H] x2
+        t, n, h = x.shape[0], self.num_heads, self.head_dim
+        kv_shape = (t, self.num_kv_heads, h)
+        q = self.q_proj(x).reshape(t, n, h)  # [T, N, H]
+        k, v = self.k_proj(x).reshape(kv_shape), self.v_proj(x).reshape(kv_shape)  # [T, K, H]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -66,7 +68,7 @@ class Attention(nnx.Module):
         else:
             attend = ATTENTION_BACKENDS[self.backend]
             out = attend(q, kv.k, kv.v, md, sliding_window=self.sliding_window)
-        return self.o_proj(out), kv
+        return self.o_proj(out.reshape(t, n * h)), kv
 
 
 class DecoderLayer(nnx.Module):

@@ -33,7 +33,7 @@ def _weight_table(
     """(name pattern, parameter path, transform) rows; HF linear weights are [out, in].
     `kv_repeats` > 1 repeats each KV head in place (head j of the result is head
     j // kv_repeats of the checkpoint), so query head n still reads its own KV head."""
-    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    d, k, h = cfg.hidden_size, cfg.num_kv_heads, cfg.head_dim
     ident: Transform = lambda w: w
     kv_heads: Transform = lambda w: np.repeat(w, kv_repeats, axis=-2) if kv_repeats > 1 else w
     transpose: Transform = lambda w: w.T
@@ -54,37 +54,29 @@ def _weight_table(
         (
             layer + r"self_attn\.q_proj\.weight",
             at("self_attn", "q_proj", "kernel"),
-            lambda w: w.T.reshape(d, n, h),
+            transpose,  # [D, N*H]
         ),
         (
             layer + r"self_attn\.k_proj\.weight",
             at("self_attn", "k_proj", "kernel"),
-            lambda w: kv_heads(w.T.reshape(d, k, h)),
+            lambda w: kv_heads(w.T.reshape(d, k, h)).reshape(d, -1),  # [D, K*H]
         ),
         (
             layer + r"self_attn\.v_proj\.weight",
             at("self_attn", "v_proj", "kernel"),
-            lambda w: kv_heads(w.T.reshape(d, k, h)),
+            lambda w: kv_heads(w.T.reshape(d, k, h)).reshape(d, -1),
         ),
-        (
-            layer + r"self_attn\.o_proj\.weight",
-            at("self_attn", "o_proj", "kernel"),
-            lambda w: w.T.reshape(n, h, d),
-        ),
-        (
-            layer + r"self_attn\.q_proj\.bias",
-            at("self_attn", "q_proj", "bias"),
-            lambda b: b.reshape(n, h),
-        ),
+        (layer + r"self_attn\.o_proj\.weight", at("self_attn", "o_proj", "kernel"), transpose),
+        (layer + r"self_attn\.q_proj\.bias", at("self_attn", "q_proj", "bias"), ident),
         (
             layer + r"self_attn\.k_proj\.bias",
             at("self_attn", "k_proj", "bias"),
-            lambda b: kv_heads(b.reshape(k, h)),
+            lambda b: kv_heads(b.reshape(k, h)).reshape(-1),
         ),
         (
             layer + r"self_attn\.v_proj\.bias",
             at("self_attn", "v_proj", "bias"),
-            lambda b: kv_heads(b.reshape(k, h)),
+            lambda b: kv_heads(b.reshape(k, h)).reshape(-1),
         ),
         (layer + r"self_attn\.o_proj\.bias", at("self_attn", "o_proj", "bias"), ident),
         (layer + r"self_attn\.q_norm\.weight", at("self_attn", "q_norm", "weight"), ident),
