@@ -306,9 +306,11 @@ class Runner:
             host.history,
             host.masks,
         )
-        token_ids, md, logits_indices, sampling, positions, history, masks = jax.device_put(
-            arrays, self._replicated
-        )
+        if jax.process_count() > 1:  # a group's executables take global arrays
+            arrays = jax.device_put(arrays, self._replicated)
+        # else numpy goes straight to the executables, which copy it in far faster than
+        # device_put does (~40 us vs ~300 us for a step's twenty small arrays on CPU)
+        token_ids, md, logits_indices, sampling, positions, history, masks = arrays
         if device_token_ids is not None:
             if device_token_ids.shape != token_ids.shape:
                 raise ValueError(f"device ids {device_token_ids.shape} for {token_ids.shape}")
