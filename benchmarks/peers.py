@@ -1,0 +1,268 @@
+"""Serving peers side by side in one run: tgix, llama.cpp's `llama-server` and transformers
+`generate`, on the default model (SmolLM2-135M-Instruct: tgix float32 from the GGUF, llama.cpp
+on the same GGUF file, transformers float32 from it), plus the machine's roofline.
+
+    python -m benchmarks.llama_cpp build        # once (about 15 minutes on 2 cores)
+    python -m benchmarks.peers [--concurrency 1 4 8 16 32 64] [--new-tokens 32]
+        [--prompt-words 64] [--requests 8] [--repeats 1] [--no-llama-cpp] [--no-hf]
+
+In order, each engine alone on the machine:
+ 1. Roofline (benchmarks.roofline): float32 GEMV GB/s over the model's weights (the batch-1
+    decode ceiling) and GEMM GFLOP/s (the prefill ceiling).
+ 2. For each repeat, tgix (`python -m tgix.serve`, KV budget pinned, warm executable cache
+    after the first start) then `llama-server --parallel 64` (continuous batching, 512 tokens
+    per slot, all cores): the closed-loop sweep of benchmarks.serve_load over both prompt
+    sets (synthetic words and real text), OpenAI `/v1/completions` streamed, greedy,
+    `ignore_eos`, `--new-tokens` each. Each server is stopped (its whole process group)
+    before the next starts.
+ 3. transformers `generate` on static batches of the synthetic prompts (tokenized, cut to the
+    shortest so the batch needs no padding), batch = concurrency: output tok/s = B N / t(N),
+    TTFT = t(1) (the whole batch's prefill), TPOT = (t(N) - t(1)) / (N - 1).
+Per engine, prompt set and concurrency the medians over repeats of output tokens/s, TTFT p50
+and TPOT p50; the ratio table tgix / peer; tgix at concurrency 1 as a share of the GEMV
+ceiling (1 / TPOT p50 against it). JSON in benchmarks/results/peers.json, the plot in
+peers.png. Nothing is left running: servers are killed in `finally`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from benchmarks import serve_load
+from benchmarks.harness import median, print_table, write_json
+
+KV_TOKENS = 32768
+METRICS = ("output_token_throughput", "ttft_p50", "tpot_p50", "e2e_p50")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"server on port {port} did not become healthy")
+        time.sleep(0.5)
+
+
+def start_tgix(port: int, log_path: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "tgix.serve", "--port", str(port),
+            "--max-batch-total-tokens", str(KV_TOKENS), "--max-batch-size", "64"]  # fmt: skip
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_healthy(port, proc, timeout_s=600)
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's process group (grammar workers included), SIGKILL if it lingers."""
+    if proc.poll() is not None:
+        return
+    group = os.getpgid(proc.pid) if hasattr(os, "getpgid") else None
+    try:
+        os.killpg(group, signal.SIGTERM) if group else proc.terminate()
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(group, signal.SIGKILL) if group else proc.kill()
+        proc.wait(10)
+
+
+def roofline() -> dict:
+    from benchmarks.roofline import gemm_ceiling, gemv_ceiling
+    from tgix.models import load_model
+
+    loaded = load_model(None)
+    out = {"gemv": gemv_ceiling(loaded), "gemm": gemm_ceiling(loaded)}
+    del loaded
+    gc.collect()
+    return out
+
+
+def sweep_server(port: int, prompt_sets: dict, args) -> dict:
+    url = f"http://127.0.0.1:{port}"
+    return {
+        name: asyncio.run(
+            serve_load.sweep(
+                url,
+                "openai",
+                prompts,
+                args.concurrency,
+                args.new_tokens,
+                requests_per_level=args.requests,
+                time_limit_s=args.time_limit,
+            )
+        )
+        for name, prompts in prompt_sets.items()
+    }
+
+
+def hf_static(prompts: list[str], levels, new_tokens: int) -> list[dict]:
+    from benchmarks.hf_reference import load_reference, time_generate
+    from tgix.models.hub import resolve_model
+    from tgix.tokenizer import load_tokenizer
+
+    model = load_reference()
+    tokenizer = load_tokenizer(resolve_model(None))
+    ids = [tokenizer.encode(p) for p in prompts]
+    shortest = min(len(i) for i in ids)
+    out = []
+    for batch in levels:
+        rows = [ids[i % len(ids)][:shortest] for i in range(batch)]
+        time_generate(model, rows, 2)  # warm-up allocation
+        t_one = time_generate(model, rows, 1)
+        t_all = time_generate(model, rows, new_tokens)
+        out.append({
+            "concurrency": batch,
+            "output_token_throughput": batch * new_tokens / t_all,
+            "ttft_p50": t_one,
+            "tpot_p50": (t_all - t_one) / (new_tokens - 1),
+            "e2e_p50": t_all,
+        })  # fmt: skip
+        print(f"  transformers batch {batch}: {out[-1]['output_token_throughput']:.1f} tok/s",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return out
+
+
+def medians(runs: list[list[dict]]) -> list[dict]:
+    """Per concurrency level, the median of each metric over repeated sweeps."""
+    merged = []
+    for level in zip(*runs, strict=True):
+        row = {"concurrency": level[0]["concurrency"], "repeats": len(level)}
+        row.update({m: median(r[m] for r in level) for m in METRICS})
+        merged.append(row)
+    return merged
+
+
+def report(results: dict, ceilings: dict, args) -> dict:
+    """Ratio tables per prompt set and the issue's targets."""
+    checks = {}
+    for name in results["tgix"]:
+        ours = results["tgix"][name]
+        peers = {p: results[p][name] for p in ("llama.cpp", "transformers") if name in results[p]}
+        header = ["concurrency", "tgix tok/s", "tgix TTFT p50 s"]
+        for p in peers:
+            header += [f"{p} tok/s", f"tgix/{p}", f"{p} TTFT p50 s"]
+        rows = []
+        for i, r in enumerate(ours):
+            row = [r["concurrency"], r["output_token_throughput"], r["ttft_p50"]]
+            for p in peers.values():
+                rate = p[i]["output_token_throughput"]
+                row += [rate, r["output_token_throughput"] / rate, p[i]["ttft_p50"]]
+            rows.append(row)
+        print_table(f"{name} prompts: medians of {args.repeats} run(s)", header, rows)
+        by_level = {r["concurrency"]: r for r in ours}
+        if "llama.cpp" in peers:
+            lc = {r["concurrency"]: r["output_token_throughput"] for r in peers["llama.cpp"]}
+            ratio = {c: r["output_token_throughput"] / lc[c] for c, r in by_level.items()}
+            checks[f"{name}: ahead of llama.cpp at every concurrency >= 4"] = all(
+                ratio[c] > 1 for c in ratio if c >= 4
+            )
+            if 32 in ratio:
+                checks[f"{name}: >= 2x llama.cpp at 32 ({ratio[32]:.2f}x)"] = ratio[32] >= 2
+        if 8 in by_level:
+            ttft = by_level[8]["ttft_p50"]
+            checks[f"{name}: TTFT p50 < 1 s at 8 ({ttft:.2f} s)"] = ttft < 1
+        if "transformers" in peers:
+            hf = {r["concurrency"]: r["output_token_throughput"] for r in peers["transformers"]}
+            worst = min(by_level[c]["output_token_throughput"] / hf[c] for c in hf)
+            checks[f"{name}: >= 3x transformers at every batch (worst {worst:.2f}x)"] = worst >= 3
+    if 1 in {r["concurrency"] for r in results["tgix"]["synthetic"]}:
+        single = next(r for r in results["tgix"]["synthetic"] if r["concurrency"] == 1)
+        share = (1 / single["tpot_p50"]) / ceilings["gemv"]["batch1_tok_s_ceiling"]
+        checks[f"concurrency 1 decode >= 80% of the GEMV ceiling ({100 * share:.0f}%)"] = (
+            share >= 0.8
+        )
+    print("\ntargets:")
+    for check, ok in checks.items():
+        print(f"  {'PASS' if ok else 'FAIL'}  {check}")
+    return checks
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prompt-words", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=256, help="distinct prompts per set")
+    parser.add_argument("--requests", type=int, default=8, help="per level: max(this, level)")
+    parser.add_argument("--time-limit", type=float, default=90, help="seconds per level")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--no-llama-cpp", action="store_true")
+    parser.add_argument("--no-hf", action="store_true")
+    parser.add_argument("--json", default="benchmarks/results/peers.json")
+    parser.add_argument("--plot", default="benchmarks/results/peers.png")
+    args = parser.parse_args(argv)
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    log_path = os.path.splitext(args.json)[0] + ".log"
+    started = time.perf_counter()
+    ceilings = roofline()
+    prompt_sets = {
+        kind: serve_load.load_prompts(kind, args.prompts, args.prompt_words)
+        for kind in ("synthetic", "text")
+    }
+    runs: dict[str, list[dict]] = {"tgix": [], "llama.cpp": []}
+    for _ in range(args.repeats):
+        port = free_port()
+        proc = start_tgix(port, log_path)
+        try:
+            runs["tgix"].append(sweep_server(port, prompt_sets, args))
+        finally:
+            stop(proc)
+        if not args.no_llama_cpp:
+            from benchmarks import llama_cpp
+            from tgix.models.hub import default_model_file
+
+            port = free_port()
+            proc = llama_cpp.launch(
+                default_model_file(), port=port, parallel=max(args.concurrency),
+                log_path=log_path,
+            )  # fmt: skip
+            try:
+                runs["llama.cpp"].append(sweep_server(port, prompt_sets, args))
+            finally:
+                stop(proc)
+    results = {
+        engine: {name: medians([r[name] for r in sweeps]) for name in prompt_sets}
+        for engine, sweeps in runs.items()
+        if sweeps
+    }
+    results.setdefault("llama.cpp", {})
+    results["transformers"] = {}
+    if not args.no_hf:
+        results["transformers"]["synthetic"] = hf_static(
+            prompt_sets["synthetic"], args.concurrency, args.new_tokens
+        )
+    checks = report(results, ceilings, args)
+    elapsed = time.perf_counter() - started
+    print(f"\nrun time {elapsed / 60:.1f} min")
+    write_json(args.json, {
+        "args": vars(args), "roofline": ceilings, "results": results, "raw": runs,
+        "targets": checks, "run_s": elapsed,
+    })  # fmt: skip
+    serve_load.plot(
+        {f"{e}/{n}": rows for e, sets in results.items() for n, rows in sets.items()}, args.plot
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
