@@ -112,7 +112,7 @@ def launch(
         "--parallel", str(parallel), "--cont-batching", "-c", str(parallel * slot_context),
         "-t", str(threads or os.cpu_count() or 2), "--no-webui",
     ]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while not healthy(port):
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -74,15 +74,20 @@ def start_tgix(port: int, log_path: str) -> subprocess.Popen:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the server's process group (grammar workers included), SIGKILL if it lingers."""
+    """SIGTERM the server (its whole process group when it leads one: tgix's grammar
+    workers), SIGKILL if it lingers."""
     if proc.poll() is not None:
         return
-    group = os.getpgid(proc.pid) if hasattr(os, "getpgid") else None
+    own_group = os.getpgid(proc.pid) == proc.pid
+
+    def send(sig) -> None:
+        os.killpg(proc.pid, sig) if own_group else proc.send_signal(sig)
+
     try:
-        os.killpg(group, signal.SIGTERM) if group else proc.terminate()
+        send(signal.SIGTERM)
         proc.wait(60)
     except subprocess.TimeoutExpired:
-        os.killpg(group, signal.SIGKILL) if group else proc.kill()
+        send(signal.SIGKILL)
         proc.wait(10)
 
 
