@@ -51,8 +51,13 @@ def test_invalid_count_is_refused_naming_the_counts_and_the_valid_ones():
         "cannot shard 9 query heads, 3 KV heads and MLP width 1536 over 2 devices; "
         "valid shard counts: 1, 3"
     )
+    with pytest.raises(ShardingError, match="over 16 devices; valid shard counts: 1, 3$"):
+        mesh_for_model(SMOLLM2_135M, 16)  # the heads speak before the device count
+    llama8b = dataclasses.replace(
+        SMOLLM2_135M, num_heads=32, num_kv_heads=8, intermediate_size=14336
+    )
     with pytest.raises(ShardingError, match="needs 16 devices; 8 are visible"):
-        mesh_for_model(SMOLLM2_135M, 16)
+        mesh_for_model(llama8b, 16)
 
 
 def test_unset_count_takes_the_widest_layout_on_the_visible_devices():

@@ -15,7 +15,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from tgix.models.config import ModelConfig
-from tgix.sharding.rules import ShardingError, check_fits, valid_shard_counts
+from tgix.sharding.rules import ShardingError, check_fits, check_width, valid_shard_counts
 
 AXES = ("data", "model")
 
@@ -60,6 +60,7 @@ def mesh_for_model(
                 cfg.num_kv_heads,
                 num_shard,
             )
+    check_width(cfg, num_shard)  # the heads' verdict first: it names the counts that work
     mesh = make_mesh(model=num_shard, data=data, devices=devices)
     check_fits(cfg, mesh)
     return mesh

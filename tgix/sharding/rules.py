@@ -84,7 +84,11 @@ def valid_shard_counts(cfg: ModelConfig, limit: int | None = None) -> list[int]:
 def check_fits(cfg: ModelConfig, mesh: Mesh) -> None:
     """Query heads and MLP width must divide the model axis, KV heads divide it or be a
     divisor of it (then replicated); the error names the counts and the widths that work."""
-    shards = mesh.shape["model"]
+    check_width(cfg, mesh.shape["model"])
+
+
+def check_width(cfg: ModelConfig, shards: int) -> None:
+    """check_fits for a model-axis width, before any mesh exists."""
     if fits(cfg, shards):
         return
     counts = (
