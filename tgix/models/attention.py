@@ -87,6 +87,30 @@ def reference_attention(
     return out.reshape(t, n, h).astype(q.dtype)
 
 
+def _softmax_init(shape: tuple[int, ...], head_dim: int):
+    """Running max, denominator ([*shape]) and weighted sum ([*shape, H]) of an online softmax."""
+    return (
+        jnp.full(shape, _MASKED, jnp.float32),
+        jnp.zeros(shape, jnp.float32),
+        jnp.zeros((*shape, head_dim), jnp.float32),
+    )
+
+
+def _softmax_step(carry, scores: jax.Array, values: jax.Array, spec: str):
+    """Fold one block of masked scores [..., S] and its values into the running softmax
+    (flash attention's rescaling); `spec` contracts probabilities with values."""
+    m, denom, acc = carry
+    m_new = jnp.maximum(m, scores.max(-1))
+    probs = jnp.exp(scores - m_new[..., None])
+    scale = jnp.exp(m - m_new)
+    denom = denom * scale + probs.sum(-1)
+    return m_new, denom, acc * scale[..., None] + jnp.einsum(spec, probs, values)
+
+
+def _softmax_result(denom: jax.Array, acc: jax.Array) -> jax.Array:
+    return acc / jnp.maximum(denom, 1e-30)[..., None]  # 0 only for rows that saw nothing
+
+
 def prefill_attention(
     q: jax.Array,
     k_new: jax.Array,
@@ -132,8 +156,7 @@ def prefill_attention(
         q_rows = jax.lax.dynamic_slice_in_dim(rows, start, block)
         q_pos = jax.lax.dynamic_slice_in_dim(pos, start, block)
 
-        def key_block(kb, carry):
-            m, denom, acc = carry  # [K, G, Q], [K, G, Q], [K, G, Q, H]
+        def key_block(kb, carry):  # carry: [K, G, Q] max and denominator, [K, G, Q, H] sum
             at = kb * block
             k_blk = jax.lax.dynamic_slice_in_dim(k_heads, at, block, 1)  # [K, S, H]
             v_blk = jax.lax.dynamic_slice_in_dim(v_heads, at, block, 1)
@@ -145,22 +168,13 @@ def prefill_attention(
                 valid &= k_pos[None, :] > q_pos[:, None] - sliding_window
             scores = jnp.einsum("kgqh,ksh->kgqs", q_blk, k_blk)
             scores = jnp.where(valid[None, None], scores, _MASKED)
-            m_new = jnp.maximum(m, scores.max(-1))
-            probs = jnp.exp(scores - m_new[..., None])
-            scale = jnp.exp(m - m_new)
-            denom = denom * scale + probs.sum(-1)
-            acc = acc * scale[..., None] + jnp.einsum("kgqs,ksh->kgqh", probs, v_blk)
-            return m_new, denom, acc
+            return _softmax_step(carry, scores, v_blk, "kgqs,ksh->kgqh")
 
-        init = (
-            jnp.full((k, g, block), _MASKED, jnp.float32),
-            jnp.zeros((k, g, block), jnp.float32),
-            jnp.zeros((k, g, block, h), jnp.float32),
-        )
         # a block that starts in padding reads nothing; else from its first row's start
         first = jnp.where(real[start], row_start[start] // block, qb + 1)
+        init = _softmax_init((k, g, block), h)
         _, denom, acc = jax.lax.fori_loop(first, qb + 1, key_block, init)
-        blk = acc / jnp.maximum(denom, 1e-30)[..., None]
+        blk = _softmax_result(denom, acc)
         return jax.lax.dynamic_update_slice_in_dim(out, blk, start, 2)
 
     out = jax.lax.fori_loop(0, num_blocks, query_block, jnp.zeros_like(q_heads))
@@ -197,7 +211,7 @@ def paged_attention(
     num_chunks = (jnp.max(md.kv_lens) + chunk - 1) // chunk
 
     def body(i, carry):
-        m, denom, acc = carry  # running max, softmax denominator [T, K, G]; acc [T, K, G, H]
+        # carry: running max and softmax denominator [T, K, G], weighted sum [T, K, G, H]
         pages = jax.lax.dynamic_slice_in_dim(pages_of_token, i * chunk_pages, chunk_pages, 1)
         k_c = k_pages[pages].reshape(t, chunk, k, h).astype(jnp.float32)  # [T, C, K, H]
         v_c = v_pages[pages].reshape(t, chunk, k, h).astype(jnp.float32)
@@ -207,20 +221,11 @@ def paged_attention(
         if sliding_window is not None:
             valid &= kv_pos > q_pos - sliding_window
         scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
-        m_new = jnp.maximum(m, scores.max(-1))
-        probs = jnp.exp(scores - m_new[..., None])
-        scale = jnp.exp(m - m_new)
-        denom = denom * scale + probs.sum(-1)
-        acc = acc * scale[..., None] + jnp.einsum("tkgc,tckh->tkgh", probs, v_c)
-        return m_new, denom, acc
+        return _softmax_step(carry, scores, v_c, "tkgc,tckh->tkgh")
 
-    init = (
-        jnp.full((t, k, g), _MASKED, jnp.float32),
-        jnp.zeros((t, k, g), jnp.float32),
-        jnp.zeros((t, k, g, h), jnp.float32),
-    )
+    init = _softmax_init((t, k, g), h)
     _, denom, acc = jax.lax.fori_loop(0, num_chunks, body, init)
-    out = acc / jnp.maximum(denom, 1e-30)[..., None]  # 0 only for empty padding rows
+    out = _softmax_result(denom, acc)  # 0 only for empty padding rows
     return out.reshape(t, n, h).astype(q.dtype)
 
 
