@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import numpy as np
 
@@ -74,7 +73,11 @@ def parity(device_kind: str, tokens: int) -> list[dict]:
 
 
 def throughput(batches, new_tokens: int) -> list[dict]:
-    from benchmarks.harness import median, random_prompt, run_batch
+    """benchmarks.engine's decode measurement (steady phase) with a bfloat16 LLM."""
+    from types import SimpleNamespace
+
+    from benchmarks.engine import decode_run
+    from benchmarks.harness import random_prompt, run_batch
     from tgix import LLM
     from tgix.engine.factory import EngineOptions
     from tgix.engine.limits import LimitRequest
@@ -85,23 +88,12 @@ def throughput(batches, new_tokens: int) -> list[dict]:
         limits=LimitRequest(max_batch_total_tokens=65536, max_batch_size=max(batches)),
         options=EngineOptions(progress=False),
     )
-    rng = np.random.default_rng(0)
+    settings = SimpleNamespace(prompt_tokens=32, new_tokens=new_tokens)
     out = []
     try:
         for batch in batches:
-            prompts = [random_prompt(rng, 32) for _ in range(batch)]
-            run_batch(llm, prompts, 4)  # warm
-            start = time.perf_counter()
-            records = run_batch(llm, prompts, new_tokens)
-            steady_from = max(r.token_times[0] for r in records)
-            last = max(r.token_times[-1] for r in records)
-            produced = sum(sum(t > steady_from for t in r.token_times) for r in records)
-            out.append({
-                "batch": batch,
-                "decode_tok_s": produced / (last - steady_from),
-                "e2e_tok_s": batch * new_tokens / (last - start),
-                "step_ms": float(1e3 * median(np.diff(records[0].token_times))),
-            })  # fmt: skip
+            run_batch(llm, [random_prompt(np.random.default_rng(0), 32)] * batch, 4)  # warm
+            out.append({"batch": batch, **decode_run(llm, batch, settings, seed=batch)})
             print(f"  batch {batch}: {out[-1]['decode_tok_s']:.0f} tok/s decode", flush=True)
     finally:
         llm.engine.shutdown()

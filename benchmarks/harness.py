@@ -11,8 +11,10 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -182,3 +184,18 @@ def write_json(path: str | None, results: dict) -> None:
         with open(path, "w") as f:
             json.dump(results, f, indent=2, default=str)
         print(f"\nwrote {path}")
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Until 127.0.0.1:`port`/health answers 200; raises if `proc` exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"server on port {port} did not become healthy (exit {proc.poll()})")
+        time.sleep(0.25)

@@ -22,9 +22,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
+
+from benchmarks.harness import wait_healthy
 
 VERSION = "0.3.36"  # llama-cpp-python sdist; its vendor/llama.cpp is what gets built
 
@@ -84,14 +84,6 @@ def build(jobs: int | None = None) -> Path:
     return target
 
 
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def launch(
     gguf: str | Path,
     *,
@@ -113,12 +105,11 @@ def launch(
         "-t", str(threads or os.cpu_count() or 2), "--no-webui",
     ]  # fmt: skip
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + timeout_s
-    while not healthy(port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"llama-server did not start (exit {proc.poll()}): {args}")
-        time.sleep(0.25)
+    try:
+        wait_healthy(port, proc, timeout_s)
+    except RuntimeError:
+        proc.kill()
+        raise
     return proc
 
 

@@ -51,15 +51,10 @@ def layouts(cfg, devices: int) -> list[tuple[int, int]]:
 def replicas(base, data: int, model: int):
     """`data` LoadedModels, each a (1, model) sub-mesh holding its own copy of the weights
     (the layout `--data-parallel` serves)."""
-    import jax
-
     from tgix.models import place
-    from tgix.sharding import make_mesh
+    from tgix.sharding import replica_meshes
 
-    devices = jax.devices()
-    meshes = [
-        make_mesh(model=model, devices=devices[r * model : (r + 1) * model]) for r in range(data)
-    ]
+    meshes = replica_meshes(model, data)
     return [base if r == 0 else place(base, mesh) for r, mesh in enumerate(meshes)]
 
 

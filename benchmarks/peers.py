@@ -35,10 +35,9 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 from benchmarks import serve_load
-from benchmarks.harness import median, print_table, write_json
+from benchmarks.harness import median, print_table, wait_healthy, write_json
 
 KV_TOKENS = 32768
 METRICS = ("output_token_throughput", "ttft_p50", "tpot_p50", "e2e_p50")
@@ -48,20 +47,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"server on port {port} did not become healthy")
-        time.sleep(0.5)
 
 
 def start_tgix(port: int, log_path: str) -> subprocess.Popen:

@@ -178,18 +178,12 @@ def create_replicas(
     compiler serves them all; on CPU they split the host's KV budget."""
     from tgix.engine.replicas import Replicas
     from tgix.models import place
-    from tgix.sharding import make_mesh
+    from tgix.sharding import replica_meshes
 
-    width = loaded.mesh.shape["model"]
-    devices = jax.devices()
-    if data * width > len(devices):
-        raise ValueError(
-            f"{data} replicas of {width} devices need {data * width}; {len(devices)} are visible"
-        )
+    meshes = replica_meshes(loaded.mesh.shape["model"], data)  # ShardingError (a ValueError)
     share = dataclasses.replace(options, host_memory_share=options.host_memory_share / data)
     engines = []
-    for r in range(data):
-        mesh = make_mesh(model=width, devices=devices[r * width : (r + 1) * width])
+    for r, mesh in enumerate(meshes):
         replica = loaded if r == 0 else place(loaded, mesh)
         replica_options = share if r == 0 else dataclasses.replace(share, grammar_workers=-1)
         engines.append(

@@ -112,6 +112,7 @@ class Runner:
         self.compile_seconds = 0.0
         self.dispatched_at = 0.0  # monotonic time of the last model-step dispatch
         self.broadcast: Callable[[tuple], None] | None = None
+        self._global_inputs = jax.process_count() > 1  # a group's executables take global arrays
 
     # -- compilation -----------------------------------------------------------------------------
 
@@ -306,7 +307,7 @@ class Runner:
             host.history,
             host.masks,
         )
-        if jax.process_count() > 1:  # a group's executables take global arrays
+        if self._global_inputs:
             arrays = jax.device_put(arrays, self._replicated)
         # else numpy goes straight to the executables, which copy it in far faster than
         # device_put does (~40 us vs ~300 us for a step's twenty small arrays on CPU)

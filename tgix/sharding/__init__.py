@@ -1,6 +1,6 @@
 """Meshes and partitioning rules."""
 
-from tgix.sharding.mesh import make_mesh, mesh_for_model
+from tgix.sharding.mesh import make_mesh, mesh_for_model, replica_meshes
 from tgix.sharding.rules import (
     ShardingError,
     check_fits,
@@ -18,6 +18,7 @@ __all__ = [
     "kv_repeats",
     "make_mesh",
     "mesh_for_model",
+    "replica_meshes",
     "sharding_for",
     "spec_for",
     "valid_shard_counts",

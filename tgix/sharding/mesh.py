@@ -64,3 +64,15 @@ def mesh_for_model(
     mesh = make_mesh(model=num_shard, data=data, devices=devices)
     check_fits(cfg, mesh)
     return mesh
+
+
+def replica_meshes(width: int, data: int, devices=None) -> list[Mesh]:
+    """`data` (1, width) meshes over consecutive slices of the devices: the replicas of
+    --data-parallel, replica r on devices [r * width, (r + 1) * width)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if data * width > len(devices):
+        raise ShardingError(
+            f"{data} replicas of {width} devices need {data * width}; {len(devices)} are visible"
+        )
+    slices = (devices[r * width : (r + 1) * width] for r in range(data))
+    return [make_mesh(model=width, devices=d) for d in slices]
