@@ -8,7 +8,9 @@ import json
 
 import jsonschema
 
+from tgix.grammar import pushdown
 from tgix.grammar.automaton import build_dfa
+from tgix.grammar.json_any import container_tree
 from tgix.grammar.json_schema import schema_to_tree
 from tgix.grammar.options import GrammarOptions
 
@@ -32,7 +34,17 @@ def notes(schema, options: GrammarOptions = DEFAULT) -> list[str]:
 
 
 def accepts_text(schema, text: str, options: GrammarOptions = DEFAULT) -> bool:
-    return grammar(schema, options)[0].accepts(text.encode())
+    """Through the run-time stack (tgix.grammar.pushdown) when the grammar has one."""
+    dfa = grammar(schema, options)[0]
+    if not pushdown.has_nesting(dfa):
+        return dfa.accepts(text.encode())
+    real, nesting = pushdown.combine(dfa, _container(options))
+    return pushdown.accepts(real, nesting, text.encode())
+
+
+@functools.lru_cache(maxsize=8)
+def _container(options: GrammarOptions):
+    return build_dfa(container_tree(options), options.max_states)
 
 
 def texts(value) -> list[str]:

@@ -441,9 +441,13 @@ def test_boolean_schemas_and_empty_schema():
     with pytest.raises(GrammarError, match="admits no value"):
         schema_to_tree(False)
     check({"type": "object", "properties": {"a": True}}, valid=[{"a": [1]}], invalid=[])
-    depth = GrammarOptions(any_value_depth=1)
-    assert accepts_text({}, "[[1]]", depth) is False
-    assert accepts_text({}, "[1]", depth)
+    for depth in (GrammarOptions(any_value_depth=0), GrammarOptions(any_value_depth=1)):
+        # below the explicit levels the run-time stack takes over: nesting is unbounded
+        assert accepts_text({}, "[[1]]", depth)
+        assert accepts_text({}, '{"a": [[{"b": [[[null]]]}]]}', depth)
+        assert not accepts_text({}, "[[1]", depth)
+        assert not accepts_text({}, "[[1]]]", depth)
+        assert not accepts_text({}, "[[1}]", depth)
 
 
 # --- keywords -----------------------------------------------------------------------------

@@ -179,7 +179,7 @@ class GrammarCompiler:
         try:
             with np.load(path, allow_pickle=False) as z:
                 stats = json.loads(str(z["stats"]))
-                return CompiledArrays(z["table"], z["accepting"], z["row_of"], z["masks"], stats)
+                return CompiledArrays.from_arrays(z, stats)
         except Exception:  # a damaged cache entry is recompiled
             logger.warning("ignoring unreadable grammar cache entry %s", path)
             return None
@@ -193,10 +193,7 @@ class GrammarCompiler:
             tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
             np.savez(
                 tmp,
-                table=arrays.table,
-                accepting=arrays.accepting,
-                row_of=arrays.row_of,
-                masks=arrays.masks,
+                **arrays.arrays(),
                 stats=np.array(json.dumps(arrays.stats, default=str)),
             )
             os.replace(tmp, path)

@@ -46,6 +46,7 @@ class TokenIndex:
         self._forced = np.full(len(masks), -1, dtype=np.int64)
         single = np.flatnonzero((counts == 1) & ~eos_any)
         self._forced[single] = _first_set_bit(masks[single])
+        self.trapped: dict[int, np.ndarray] = {}  # see build_index(trap=)
 
     @property
     def num_states(self) -> int:
@@ -99,8 +100,18 @@ def _first_set_bit(masks: np.ndarray) -> np.ndarray:
 
 
 def build_index(
-    dfa: ByteDFA, vocab: TokenVocabulary, byte_trie: Trie, deadline: float | None = None
+    dfa: ByteDFA,
+    vocab: TokenVocabulary,
+    byte_trie: Trie,
+    deadline: float | None = None,
+    *,
+    trap: int | None = None,
+    seeds: tuple[int, ...] = (),
 ) -> TokenIndex:
+    """`trap`: a state where tokens hand over to a run-time check (tgix.grammar.pushdown):
+    tokens ending there are left out of the masks and listed per state in
+    `index.trapped` [state -> token ids]; states with such tokens count as live. `seeds`:
+    states reached other than from the start by whole tokens, indexed too."""
     t0 = time.monotonic()
     deadline = t0 + 3600 if deadline is None else deadline
     columns, class_of = np.unique(dfa.table.T, axis=0, return_inverse=True)
@@ -109,16 +120,22 @@ def build_index(
     trie = collapse(byte_trie, class_of.astype(np.int32))
     width = -(-vocab.size // 32)
     walker = _Walker(table_c, trie, width * 32)
-    if _single_bytes_finish_everywhere(vocab, dfa, table_c, class_of):
-        return _index_by_lookahead(dfa, vocab, walker, table_c, deadline, t0)
+    if _single_bytes_finish_everywhere(vocab, dfa, table_c, class_of, trap):
+        return _index_by_lookahead(dfa, vocab, walker, table_c, deadline, t0, trap)
     ends: dict[int, np.ndarray] = {}  # state -> [W * 32] end state per token id (DEAD: none)
     successors: dict[int, np.ndarray] = {}  # state -> distinct end states
+    trapped: dict[int, np.ndarray] = {}  # state -> token ids ending in the trap
     marks = np.zeros(dfa.num_states + 1, dtype=bool)  # index -1 (DEAD) is the spare slot
-    frontier = [0]
+    frontier = sorted({0, *seeds})
     while frontier:
         for batch in walker.batches(frontier):
             check_deadline(deadline)
             for s, row in zip(batch, walker.walk(batch), strict=True):
+                if trap is not None:
+                    hits = np.flatnonzero(row == trap)
+                    if hits.size:
+                        trapped[s] = hits.astype(np.int32)
+                        row[hits] = DEAD
                 ends[s] = row
                 marks[row] = True
                 successors[s] = np.flatnonzero(marks[:-1])
@@ -127,7 +144,7 @@ def build_index(
         for s in frontier:
             new.update(successors[s].tolist())
         frontier = sorted(new - ends.keys())
-    live = _live_states(successors, dfa.accepting)
+    live = _live_states(successors, dfa.accepting, trapped.keys())
     if 0 not in live:
         raise GrammarError("this model's vocabulary cannot produce any string of the grammar")
     states = sorted(live)
@@ -156,10 +173,12 @@ def build_index(
         "trie_nodes": trie.num_nodes,
         "index_s": time.monotonic() - t0,
     }
-    return TokenIndex(dfa, vocab, row_of, masks, stats)
+    index = TokenIndex(dfa, vocab, row_of, masks, stats)
+    index.trapped = {s: ids for s, ids in trapped.items() if row_of[s] >= 0}
+    return index
 
 
-def _single_bytes_finish_everywhere(vocab, dfa: ByteDFA, table_c, class_of) -> bool:
+def _single_bytes_finish_everywhere(vocab, dfa: ByteDFA, table_c, class_of, trap=None) -> bool:
     """True when from every state some path of single-byte tokens reaches acceptance (true
     for byte-level BPE and SentencePiece byte fallback on any grammar that needs no byte
     the vocabulary lacks alone). Then every end state of an allowed token is live, and
@@ -173,6 +192,8 @@ def _single_bytes_finish_everywhere(vocab, dfa: ByteDFA, table_c, class_of) -> b
     order = np.argsort(dst, kind="stable")
     preds, bounds = src[order], np.searchsorted(dst[order], np.arange(dfa.num_states + 1))
     live = dfa.accepting.copy()
+    if trap is not None:
+        live[trap] = True  # the run-time check takes over there
     todo = list(np.flatnonzero(live))
     while todo:
         s = todo.pop()
@@ -183,7 +204,7 @@ def _single_bytes_finish_everywhere(vocab, dfa: ByteDFA, table_c, class_of) -> b
     return bool(live.all())
 
 
-def _index_by_lookahead(dfa, vocab, walker, table_c, deadline, t0) -> TokenIndex:
+def _index_by_lookahead(dfa, vocab, walker, table_c, deadline, t0, trap=None) -> TokenIndex:
     """Masks for a vocabulary that spells every byte. A state's mask only depends on which
     strings up to the longest token stay alive from it, and on whether it accepts (EOS):
     states that agree on those (bounded Moore refinement, as many rounds as the longest
@@ -192,6 +213,8 @@ def _index_by_lookahead(dfa, vocab, walker, table_c, deadline, t0) -> TokenIndex
     num = dfa.num_states
     full = np.vstack([np.where(table_c < 0, num, table_c), np.full((1, table_c.shape[1]), num)])
     initial = np.append(dfa.accepting.astype(np.int64), 2)  # the sink (dead) apart
+    if trap is not None:
+        initial[trap] = 3  # states agreeing on strings up to L bytes also agree on the trap
     longest = max(len(b) for b in vocab.token_bytes if b)
     blocks = refine(full, initial, deadline, max_rounds=longest)[:num]
     reps = np.unique(blocks, return_index=True)[1]  # first state of each block
@@ -199,10 +222,16 @@ def _index_by_lookahead(dfa, vocab, walker, table_c, deadline, t0) -> TokenIndex
     width = walker.node_of_id.shape[0] // 32
     masks = np.zeros((len(reps), width), dtype=np.uint32)
     eos = list(vocab.eos_ids)
-    done = 0
+    done, trapped_rows = 0, {}
     for batch in walker.batches(reps.tolist()):
         check_deadline(deadline)
-        allowed = walker.walk(batch, alive_only=True)
+        if trap is None:
+            allowed = walker.walk(batch, alive_only=True)
+        else:
+            ends = walker.walk(batch)
+            allowed = (ends != DEAD) & (ends != trap)
+            for i in np.flatnonzero((ends == trap).any(axis=1)).tolist():
+                trapped_rows[done + i] = np.flatnonzero(ends[i] == trap).astype(np.int32)
         allowed[np.ix_(dfa.accepting[batch], eos)] = True
         packed = np.packbits(allowed, axis=1, bitorder="little").view("<u4")
         masks[done : done + len(batch)] = packed
@@ -215,16 +244,20 @@ def _index_by_lookahead(dfa, vocab, walker, table_c, deadline, t0) -> TokenIndex
         "trie_nodes": walker.trie.num_nodes,
         "index_s": time.monotonic() - t0,
     }
-    return TokenIndex(dfa, vocab, row_of, masks, stats)
+    index = TokenIndex(dfa, vocab, row_of, masks, stats)
+    index.trapped = {
+        s: trapped_rows[r] for s, r in enumerate(row_of.tolist()) if r in trapped_rows and s != trap
+    }
+    return index
 
 
-def _live_states(successors: dict[int, np.ndarray], accepting: np.ndarray) -> set[int]:
-    """States with a token path to acceptance (accepting ones included)."""
+def _live_states(successors: dict[int, np.ndarray], accepting: np.ndarray, more=()) -> set[int]:
+    """States with a token path to acceptance or to one of `more` (those included)."""
     preds: dict[int, set[int]] = {}
     for s, ends in successors.items():
         for e in ends.tolist():
             preds.setdefault(e, set()).add(s)
-    live = {s for s in successors if accepting[s]}
+    live = {s for s in successors if accepting[s]} | set(more)
     todo = list(live)
     while todo:
         for p in preds.get(todo.pop(), ()):

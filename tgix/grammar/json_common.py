@@ -23,7 +23,18 @@ from dataclasses import dataclass, field
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_numbers import canonical_number_text
 from tgix.grammar.options import GrammarOptions
-from tgix.grammar.regex_tree import Alt, Both, Minus, Node, Regex, Repeat, alt, literal, seq
+from tgix.grammar.regex_tree import (
+    Alt,
+    Both,
+    Minus,
+    Node,
+    RawByte,
+    Regex,
+    Repeat,
+    alt,
+    literal,
+    seq,
+)
 
 NEVER = Regex("[]")  # the empty language (interegular's empty class); pruned by the constructors
 EMPTY = Regex("")
@@ -106,7 +117,7 @@ def atomic(node: Node) -> Node:
     (lists like `x (, x)*` hold two NFA copies of x, doubling the subset states at every
     nesting level; on MaskBench this turns most "grammar too large" schemas, whose minimal
     DFAs have a few thousand states, into compiled ones)."""
-    if node in (NEVER, EMPTY) or isinstance(node, Regex | Both | Minus):
+    if node in (NEVER, EMPTY) or isinstance(node, Regex | RawByte | Both | Minus):
         return node
     return Both((node,))
 

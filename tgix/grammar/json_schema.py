@@ -4,8 +4,8 @@ documented approximations, each reported in the notes), for constrained decoding
 Entry point: `schema_to_tree(schema, options) -> (node, notes)`.
 
 Dispatch on a schema object:
-1. `true` / `{}` (nothing asserted): any JSON value, nesting bounded by
-   `options.any_value_depth`; `false`: nothing. `$dynamicRef` / `$recursiveRef` raise.
+1. `true` / `{}` (nothing asserted): any JSON value at any depth (json_any: explicit levels,
+   then a run-time stack); `false`: nothing. `$dynamicRef` / `$recursiveRef` raise.
 2. `$ref` (json_refs: local JSON pointers, `#`, `$anchor`, embedded `$id`s): compiled once
    per target and reused; a target already being expanded `max_recursion_depth` times is cut
    (its branch disappears, reported in the notes; an error if nothing finite is left).
@@ -27,6 +27,7 @@ raise `GrammarError` naming the keyword.
 from __future__ import annotations
 
 from tgix.grammar.errors import GrammarError
+from tgix.grammar.json_any import any_value_tree
 from tgix.grammar.json_arrays import array_node
 from tgix.grammar.json_common import (
     NEVER,
@@ -65,7 +66,7 @@ from tgix.grammar.json_numbers import (
     multiple_of,
     number_range,
 )
-from tgix.grammar.json_objects import KEY, object_node
+from tgix.grammar.json_objects import object_node
 from tgix.grammar.json_oneof import compile_one_of
 from tgix.grammar.json_refs import Resolver
 from tgix.grammar.json_strings import as_tuple, string_node
@@ -296,21 +297,6 @@ class Converter:
         if key in self.memo:
             self.ctx.approximations += 1
             return self.memo[key][0]
-        depth = self.options.any_value_depth
-        self.ctx.approximate(f"unconstrained values nest at most {depth} levels deep")
-        layout = self.ctx.layout
-        scalars = union(
-            string_node({}, self.ctx, self.canonical),
-            Regex(CANONICAL_NUMBER if self.canonical else NUMBER),
-            literal("true"),
-            literal("false"),
-            literal("null"),
-        )
-        value = scalars
-        for _ in range(depth):
-            array = layout.container("[", "]", layout.separated(value, value, 0, None), True)
-            member = layout.member(KEY, value)
-            obj = layout.container("{", "}", layout.separated(member, member, 0, None), True)
-            value = atomic(union(scalars, array, obj))
+        value = any_value_tree(self.ctx, self.canonical)
         self.memo[key] = (value, 1)
         return value

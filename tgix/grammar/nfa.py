@@ -120,6 +120,8 @@ def build(nfa: Nfa, node: rt.Node, embed_dfa: Callable) -> tuple[int, int]:
     """Fragment for a tree node; `embed_dfa(nfa, node)` handles Both / Minus."""
     if isinstance(node, rt.Regex):
         return _pattern(nfa, _parse(node.source), ip.REFlags(0))
+    if isinstance(node, rt.RawByte):
+        return nfa.chars([[(node.value, node.value)]])
     if isinstance(node, rt.Seq):
         return nfa.chain([build(nfa, p, embed_dfa) for p in node.parts])
     if isinstance(node, rt.Alt):

@@ -7,6 +7,7 @@ regex inside a library call still stops with a GrammarError.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from tgix.grammar.errors import GrammarError
 from tgix.grammar.index import TokenIndex, build_index
 from tgix.grammar.nfa import check_deadline
 from tgix.grammar.options import GrammarOptions
+from tgix.grammar.pushdown import Nesting, PushdownIndex, combine, has_nesting, trapped_dfa
 from tgix.grammar.spec import GrammarSpec
 from tgix.grammar.token_trie import Trie
 from tgix.grammar.vocabulary import TokenVocabulary
@@ -25,17 +27,57 @@ from tgix.grammar.vocabulary import TokenVocabulary
 
 @dataclass(frozen=True, slots=True)
 class CompiledArrays:
-    """A TokenIndex without its vocabulary: what crosses process boundaries and the disk."""
+    """A token index without its vocabulary: what crosses process boundaries and the disk.
+    For a grammar with run-time nesting (tgix.grammar.pushdown) `table` / `accepting` are the
+    combined automaton, `nesting` its packed `Nesting`, and `trapped` the index's per-state
+    trapped token ids as [states..., offsets..., ids...] (see _pack_trapped)."""
 
     table: np.ndarray
     accepting: np.ndarray
     row_of: np.ndarray
     masks: np.ndarray
     stats: dict
+    nesting: np.ndarray | None = None
+    trapped: np.ndarray | None = None
 
-    def attach(self, vocab: TokenVocabulary) -> TokenIndex:
-        dfa = ByteDFA(self.table, self.accepting)
-        return TokenIndex(dfa, vocab, self.row_of, self.masks, self.stats)
+    def attach(self, vocab: TokenVocabulary) -> TokenIndex | PushdownIndex:
+        real = ByteDFA(self.table, self.accepting)
+        if self.nesting is None:
+            return TokenIndex(real, vocab, self.row_of, self.masks, self.stats)
+        nesting = Nesting.unpack(self.nesting)
+        walk_dfa, _, _ = trapped_dfa(real, nesting)
+        base = TokenIndex(walk_dfa, vocab, self.row_of, self.masks, self.stats)
+        base.trapped = _unpack_trapped(self.trapped)
+        return PushdownIndex(base, real, nesting)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Everything but stats, by name (np.savez); `from_arrays` reverses it."""
+        out = {k: getattr(self, k) for k in ("table", "accepting", "row_of", "masks")}
+        if self.nesting is not None:
+            out.update(nesting=self.nesting, trapped=self.trapped)
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays, stats: dict) -> CompiledArrays:
+        extra = {k: arrays[k] for k in ("nesting", "trapped") if k in arrays}
+        names = ("table", "accepting", "row_of", "masks")
+        return cls(*(arrays[k] for k in names), stats, **extra)
+
+
+def _pack_trapped(trapped: dict[int, np.ndarray]) -> np.ndarray:
+    states = sorted(trapped)
+    sizes = [len(trapped[s]) for s in states]
+    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    ids = [trapped[s] for s in states] or [np.zeros(0, np.int32)]
+    head = np.asarray([len(states), *states, *offsets], dtype=np.int64)
+    return np.concatenate([head, np.concatenate(ids).astype(np.int64)])
+
+
+def _unpack_trapped(packed: np.ndarray) -> dict[int, np.ndarray]:
+    n = int(packed[0])
+    states, offsets = packed[1 : 1 + n], packed[1 + n : 2 + 2 * n]
+    ids = packed[2 + 2 * n :].astype(np.int32)
+    return {int(s): ids[offsets[i] : offsets[i + 1]] for i, s in enumerate(states)}
 
 
 def to_tree(spec: GrammarSpec, options: GrammarOptions) -> tuple[rt.Node, list[str]]:
@@ -57,8 +99,29 @@ def compile_arrays(
     check_deadline(deadline)
     t1 = time.monotonic()
     dfa = build_dfa(tree, options.max_states, deadline)
+    nesting = None
+    if has_nesting(dfa):
+        dfa, nesting = combine(dfa, _container_dfa(options))
     t2 = time.monotonic()
-    index = build_index(dfa, vocab, trie, deadline)
+    if nesting is not None:
+        walk_dfa, trap, seeds = trapped_dfa(dfa, nesting)
+        index = build_index(walk_dfa, vocab, trie, deadline, trap=trap, seeds=seeds)
+    else:
+        index = build_index(dfa, vocab, trie, deadline)
     stats = dict(index.stats, tree_s=t1 - t0, dfa_s=t2 - t1, total_s=time.monotonic() - t0)
     stats["notes"] = notes
-    return CompiledArrays(dfa.table, dfa.accepting, index.row_of, index.masks, stats)
+    if nesting is None:
+        return CompiledArrays(dfa.table, dfa.accepting, index.row_of, index.masks, stats)
+    stats["trapped_states"] = len(index.trapped)
+    packed = _pack_trapped(index.trapped)
+    return CompiledArrays(
+        dfa.table, dfa.accepting, index.row_of, index.masks, stats, nesting.pack(), packed
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _container_dfa(options: GrammarOptions) -> ByteDFA:
+    """G of tgix.grammar.pushdown for this layout (the same for every schema)."""
+    from tgix.grammar.json_any import container_tree
+
+    return build_dfa(container_tree(options), options.max_states)

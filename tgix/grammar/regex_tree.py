@@ -23,6 +23,14 @@ class Regex:
     source: str
 
 
+@dataclass(frozen=True, slots=True)
+class RawByte:
+    """One raw byte outside UTF-8 text (0xF8-0xFF never occur in it): a marker edge the
+    automaton keeps, e.g. tgix.grammar.pushdown's "a nested container goes here"."""
+
+    value: int
+
+
 class _CachedHash:
     """Inner nodes hash once: trees are deduplicated in dicts (alternatives, memo tables),
     and a dataclass hash would walk the whole subtree every time (quadratic on big schemas)."""
@@ -84,7 +92,7 @@ class Minus(_CachedHash):
 for _cls in (Seq, Alt, Repeat, Both, Minus):
     _cls.__hash__ = _CachedHash.cached_hash  # replaces the generated field-walking hash
 
-Node = Regex | Seq | Alt | Repeat | Both | Minus
+Node = Regex | RawByte | Seq | Alt | Repeat | Both | Minus
 
 
 def escape(text: str) -> str:
