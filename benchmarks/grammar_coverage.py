@@ -23,24 +23,48 @@ import re
 import signal
 import time
 
-from tgix.grammar import json_arrays, json_strings
+from tgix.grammar import json_arrays, json_strings, pushdown
 from tgix.grammar.automaton import DEAD, build_dfa
 from tgix.grammar.errors import GrammarError
+from tgix.grammar.json_any import container_tree
 from tgix.grammar.json_schema import schema_to_tree
 from tgix.grammar.options import GrammarOptions
 
 _SEARCH_BUDGET = 20_000
 
 
+class _Machine:
+    """The DFA, or the DFA with its run-time stack (tgix.grammar.pushdown) when it has one:
+    states are then sets of configurations, DEAD the empty set."""
+
+    def __init__(self, dfa):
+        self.dfa, self.nesting = dfa, None
+        self.start = dfa.start
+        if pushdown.has_nesting(dfa):
+            container = build_dfa(container_tree(_SETTINGS["options"]))
+            self.dfa, self.nesting = pushdown.combine(dfa, container)
+            self.start = frozenset({(0, ())})
+
+    def walk(self, data: bytes, state):
+        if self.nesting is None:
+            return self.dfa.walk(data, state)
+        return pushdown.walk(self.dfa.table, self.nesting, state, data) or DEAD
+
+    def accepting(self, state) -> bool:
+        if self.nesting is None:
+            return bool(self.dfa.accepting[state])
+        return any(not stack and self.dfa.accepting[q] for q, stack in state)
+
+
 class _Walker:
     """Serializes a JSON value through the DFA, choosing object key orders it accepts."""
 
-    def __init__(self, dfa, item_sep: str, key_sep: str):
-        self.dfa = dfa
+    def __init__(self, machine: _Machine, item_sep: str, key_sep: str):
+        self.dfa = machine
         self.item_sep, self.key_sep = item_sep, key_sep
         self.budget = _SEARCH_BUDGET
 
-    def step(self, state: int, text: str) -> int:
+    def step(self, state, text: str):
         return self.dfa.walk(text.encode(), state) if state != DEAD else DEAD
 
     def value(self, v, state: int):
@@ -86,11 +110,12 @@ class _Walker:
                 yield from self.members(rest[:i] + rest[i + 1 :], mid, False)
 
     def accepts(self, v) -> bool:
-        return any(bool(self.dfa.accepting[s]) for s in self.value(v, self.dfa.start))
+        return any(self.dfa.accepting(s) for s in self.value(v, self.dfa.start))
 
 
 def _accepts(dfa, data) -> bool:
-    return any(_Walker(dfa, i, k).accepts(data) for i, k in ((", ", ": "), (",", ":")))
+    machine = _Machine(dfa)
+    return any(_Walker(machine, i, k).accepts(data) for i, k in ((", ", ": "), (",", ":")))
 
 
 def _reason(message: str) -> str:

@@ -115,6 +115,30 @@ def test_best_of_and_seeded_sampling_keep_each_sequence_in_the_language(engine, 
     assert ids(first) == ids(again)
 
 
+def test_unconstrained_values_through_the_run_time_stack(engine):
+    """With no explicit any-value levels every container inside the object goes through
+    tgix.grammar.pushdown's stack: sampled outputs that end are JSON objects."""
+    from tgix.grammar import GrammarCompiler, GrammarOptions
+    from tgix.grammar.pushdown import PushdownIndex
+
+    vocab = engine.grammar_compiler.vocab
+    compiler = GrammarCompiler(vocab, GrammarOptions(any_value_depth=0), workers=0)
+    grammar = compiler.compile(GrammarSpec.json({"type": "object"}))
+    assert isinstance(grammar, PushdownIndex)
+    ended = []
+    for seed in range(6):
+        sampling = SamplingParams(do_sample=True, temperature=1.5, seed=seed)
+        request = GenerationRequest(
+            prompt_ids=prompt(30 + seed, 6), max_new_tokens=40, sampling=sampling, grammar=grammar
+        )
+        c = run(engine, request)
+        if c.finish_reason == "eos_token":
+            ended.append(json.loads(text(engine, c)))
+        else:
+            assert c.finish_reason == "length" and text(engine, c).startswith("{")
+    assert ended and all(isinstance(value, dict) for value in ended)
+
+
 FORCED = r'\{"answer": (yes|no), "because": "[a-z]{1,6}"\}'
 
 

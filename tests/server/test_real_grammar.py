@@ -19,7 +19,9 @@ from server.tools import grammar, offered, parse_tools
 from tests.server.conftest import LiveServer
 from tests.server.fake_engine import FakeEngine, roomy_limits
 from tgix.grammar import GrammarError, GrammarSpec, TokenIndex
+from tgix.grammar.pushdown import PushdownIndex
 
+INDEXES = (TokenIndex, PushdownIndex)  # compiled grammars (pushdown: unbounded nesting)
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 WEATHER = {
     "type": "function",
@@ -89,7 +91,7 @@ def test_grammars_compile_onto_the_request(real, http, grammar):
     r = _generate(http, grammar)
     assert r.status_code == 200
     (request,) = real.engine.submitted
-    assert isinstance(request.grammar, TokenIndex)
+    assert isinstance(request.grammar, INDEXES)
 
 
 @pytest.mark.parametrize(
@@ -109,12 +111,12 @@ def test_compiler_errors_are_tgis_422(real, http, spec):
 def test_the_tool_grammar_compiles(real, http):
     for choice in ("auto", "required", ("function", "get_weather")):
         tools = offered(parse_tools([WEATHER]), choice)
-        assert isinstance(real.engine.grammar_compiler.compile(to_spec(grammar(tools))), TokenIndex)
+        assert isinstance(real.engine.grammar_compiler.compile(to_spec(grammar(tools))), INDEXES)
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     body = {"messages": messages, "tools": [WEATHER], "max_tokens": 8}
     r = http.post("/v1/chat/completions", json=body)
     assert r.json()["error_type"] == "tool_error"  # the fake engine echoes; no call comes back
-    assert isinstance(real.engine.submitted[0].grammar, TokenIndex)
+    assert isinstance(real.engine.submitted[0].grammar, INDEXES)
 
 
 def test_a_failing_compile_leaves_concurrent_requests_alone(real, http):
@@ -129,4 +131,4 @@ def test_a_failing_compile_leaves_concurrent_requests_alone(real, http):
     assert responses[1].content == _error(real, GrammarSpec.regex("(("))
     assert all(r.content == plain.content for i, r in enumerate(responses) if i != 1)
     assert len(real.engine.submitted) == 3
-    assert all(isinstance(r.grammar, TokenIndex) for r in real.engine.submitted)
+    assert all(isinstance(r.grammar, INDEXES) for r in real.engine.submitted)

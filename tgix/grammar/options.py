@@ -15,7 +15,9 @@ class GrammarOptions:
         False keeps JSON Schema's default (extra keys allowed, after the declared ones).
     max_recursion_depth: how many times a recursive `$ref` is unrolled; deeper nesting is not
         generated (the schema compiles and the bound is reported).
-    any_value_depth: nesting depth of arrays/objects for schemas that allow any JSON value.
+    any_value_depth: container levels of an unconstrained value spelled out in the automaton
+        (precomputed masks); deeper ones go through tgix.grammar.pushdown's run-time stack,
+        so instances may nest to any depth.
     max_states / timeout_s: compile budget; past either the request gets a 422.
     """
 

@@ -37,7 +37,7 @@ from tgix.grammar.json_any import NESTED
 OPEN = (ord("{"), ord("["))
 MAX_DEPTH = 512  # containers open at once; past it a generation may only close them
 MAX_CONFIGS = 64  # configurations one state may hold (ambiguity is rare and short-lived)
-_MASK_CACHE = 4096  # computed masks kept per grammar
+_MASK_CACHE = 1024  # computed masks kept per grammar ([W] uint32 each: 6 KiB at V = 49152)
 
 
 @dataclass(frozen=True, slots=True)
