@@ -209,6 +209,10 @@ def summarize(res: dict, args) -> None:
     if "gemv" in ceil and 1 in tg_dec:
         c, v = ceil["gemv"]["batch1_tok_s_ceiling"], tg_dec[1]["decode_tok_s"]
         targets.append([f"batch-1 decode / GEMV ceiling ({v:.1f} / {c:.1f} tok/s)", v / c, 0.8, 1])
+        seq = ceil["gemv"].get("dependent_tok_s_ceiling")
+        if seq:  # information, not the target: the bound a layer-by-layer decoder meets
+            chain = f"({v:.1f} / {seq:.1f} tok/s): {v / seq:.3f}"
+            print(f"batch-1 decode / sequential GEMV chain {chain}")
     for b, goal in ((8, 100), (32, 200)):
         if b in tg_dec:
             targets.append([f"batch-{b} decode tok/s", tg_dec[b]["decode_tok_s"], goal, 1])

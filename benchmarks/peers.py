@@ -181,6 +181,10 @@ def report(results: dict, ceilings: dict, args) -> dict:
         checks[f"concurrency 1 decode >= 80% of the GEMV ceiling ({100 * share:.0f}%)"] = (
             share >= 0.8
         )
+        seq = ceilings["gemv"].get("dependent_tok_s_ceiling")
+        if seq:
+            share_seq = (1 / single["tpot_p50"]) / seq
+            print(f"concurrency 1 decode / sequential GEMV chain: {share_seq:.2f}")
     print("\ntargets:")
     for check, ok in checks.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {check}")

@@ -7,7 +7,10 @@ the loaded default model in its own layout (the tied embedding as the LM head, c
 over the hidden size), so it streams the model's weight bytes once: GB/s = bytes / time, and
 the batch-1 decode ceiling is 1 / time tokens/s. A second program does the same bytes as one
 [1, 4096] x [4096, N] float32 matrix (the backend's best-case streaming); the ceiling is the
-faster of the two.
+faster of the two. Both let the backend run independent GEMVs at once (XLA:CPU spreads them
+over the cores); a decoder cannot, since each layer waits on the last. A third program chains
+the same matrices so that each product's input depends on the previous one: the sequential
+ceiling, reported beside the first (not instead of it).
 
 GEMM (prefill): the same chain with [T, K] activations over the layer matrices (prefill
 computes logits for the last token only, so the vocabulary matrix is left out): GFLOP/s =
@@ -72,6 +75,32 @@ def _chain(rows: int, mats: list[tuple[jax.Array, int]]):
     return jax.jit(run), xs
 
 
+def _dependent_chain(mats: list[tuple[jax.Array, int]]):
+    """A jitted f(ws) multiplying a [1, K] vector by every matrix in model order where each
+    product's input depends on the previous product (as a decoder's layers do), so no two
+    GEMVs can run at the same time. The dependency is a scaled-down copy of one output
+    element added to a fixed vector: negligible work beside the GEMV."""
+    rng = np.random.default_rng(1)
+    specs, inputs = [], []
+    for w, n_in in mats:
+        if n_in == -1:
+            k_shape, dims = (w.shape[-1],), ((1,), (w.ndim - 1,))
+        else:
+            k_shape = w.shape[:n_in]
+            dims = (tuple(range(1, n_in + 1)), tuple(range(n_in)))
+        specs.append(dims)
+        inputs.append(jnp.asarray(rng.standard_normal((1, *k_shape)).astype(np.float32)))
+
+    def run(ws):
+        carry = jnp.zeros((), jnp.float32)
+        for x, w, dims in zip(inputs, ws, specs, strict=True):
+            y = jax.lax.dot_general(x + 1e-6 * carry, w, (dims, ((), ())))
+            carry = y.reshape(-1)[0]
+        return carry
+
+    return jax.jit(run)
+
+
 def time_call(fn, *args, reps: int) -> float:
     """Median seconds of `reps` calls after two warm-up calls."""
     for _ in range(2):
@@ -100,8 +129,12 @@ def gemv_ceiling(loaded, reps: int = 10) -> dict:
     del big
     gbps_model, gbps_big = nbytes / t_model / 1e9, big_bytes / t_big / 1e9
     best = max(gbps_model, gbps_big)
+    t_dependent = time_call(_dependent_chain(mats), weights, reps=reps)
     return {
         "weight_bytes": nbytes,
+        "dependent_chain_ms": t_dependent * 1e3,
+        "dependent_chain_gb_s": nbytes / t_dependent / 1e9,
+        "dependent_tok_s_ceiling": 1 / t_dependent,
         "model_chain_ms": t_model * 1e3,
         "model_chain_gb_s": gbps_model,
         "big_matrix_ms": t_big * 1e3,
@@ -131,11 +164,18 @@ def print_ceilings(gemv: dict, gemm: dict | None) -> None:
     rows = [
         ["GEMV, model's matrices", f"{gemv['model_chain_ms']:.1f} ms", gemv["model_chain_gb_s"]],
         ["GEMV, one big matrix", f"{gemv['big_matrix_ms']:.1f} ms", gemv["big_matrix_gb_s"]],
+        [
+            "GEMV, model's matrices in sequence",
+            f"{gemv['dependent_chain_ms']:.1f} ms",
+            gemv["dependent_chain_gb_s"],
+        ],
     ]
     print_table("Ceilings (float32)", ["program", "time", "GB/s"], rows)
     print(
         f"weights {gemv['weight_bytes'] / 1e6:.0f} MB -> batch-1 decode ceiling "
-        f"{gemv['batch1_tok_s_ceiling']:.1f} tok/s at {gemv['gb_s']:.1f} GB/s"
+        f"{gemv['batch1_tok_s_ceiling']:.1f} tok/s at {gemv['gb_s']:.1f} GB/s (the faster of the "
+        f"first two); the same matrices one after another (each input waiting on the previous "
+        f"product, as a decoder's layers do): {gemv['dependent_tok_s_ceiling']:.1f} tok/s"
     )
     if gemm:
         print(
