@@ -77,3 +77,28 @@ def test_time_and_state_budgets(tokenizer):
             small.compile(GrammarSpec.regex("[a-z]{0,100}"))
     finally:
         slow.close()
+
+
+def test_nested_values_cross_the_worker_and_the_disk_cache(tokenizer, tmp_path):
+    """A grammar with a run-time stack (tgix.grammar.pushdown) keeps it through a worker
+    process and an .npz round trip: the same masks along a deeply nested instance."""
+    spec = GrammarSpec.json({"type": "object"})
+    options = GrammarOptions(any_value_depth=0)
+    inline = GrammarCompiler.for_tokenizer(tokenizer, workers=0, options=options)
+    pooled = GrammarCompiler.for_tokenizer(
+        tokenizer, workers=1, cache_dir=tmp_path, options=options
+    )
+    try:
+        indexes = [inline.compile(spec), pooled.compile(spec)]
+    finally:
+        pooled.close()
+    fresh = GrammarCompiler.for_tokenizer(tokenizer, workers=0, cache_dir=tmp_path, options=options)
+    indexes.append(fresh.compile(spec))  # from disk
+    assert all(type(i).__name__ == "PushdownIndex" for i in indexes)
+    ids = tokenizer.encode('{"a": [[{"b": [1, {}]}], []]}', add_special_tokens=False)
+    states = [i.start for i in indexes]
+    for t in ids:
+        masks = [i.mask(s) for i, s in zip(indexes, states, strict=True)]
+        assert all(np.array_equal(masks[0], m) for m in masks[1:])
+        states = [i.advance(s, t) for i, s in zip(indexes, states, strict=True)]
+    assert all(i.is_accepting(s) for i, s in zip(indexes, states, strict=True))
