@@ -27,7 +27,7 @@ class LiveRequest:
     emit: Callable[[Sequence], bool]
     submitted: float = dataclasses.field(default_factory=time.monotonic)
     started: float | None = None  # first scheduled
-    grammar_state: int = 0  # automaton state of request.grammar after the generated tokens
+    grammar_state: int | frozenset = 0  # of request.grammar after the generated tokens
 
     def token_mask(self):
         """The grammar's allowed-token words for the next token, or None."""

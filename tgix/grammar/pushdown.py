@@ -11,9 +11,9 @@ such edges too. Both live in one combined table (schema states [0, S), G's after
   Reaching G's final state (a container just closed) pops: resume in the top state.
 
 Both moves may apply (a schema that allows an explicit object or any value at one place), so
-a generation state is a small set of configurations, interned to an int id; a schema state
-with an empty stack is its own id, so everything that never nests deeper than the explicit
-levels stays on the precomputed path.
+a generation state is a small frozenset of configurations; a schema state with an empty stack
+is its plain int, so everything that never nests deeper than the explicit levels stays on the
+precomputed path. States carry their stacks: the index keeps only bounded caches.
 
 Masks: the token index is built over the combined table with a trap state that bracket bytes
 at NESTED states and edges into G's final state lead to. Every token whose walk would push or
@@ -37,7 +37,13 @@ from tgix.grammar.json_any import NESTED
 OPEN = (ord("{"), ord("["))
 MAX_DEPTH = 512  # containers open at once; past it a generation may only close them
 MAX_CONFIGS = 64  # configurations one state may hold (ambiguity is rare and short-lived)
+_ADVANCE_CACHE = 1 << 16  # (state, token) -> state entries kept per grammar
 _MASK_CACHE = 1024  # computed masks kept per grammar ([W] uint32 each: 6 KiB at V = 49152)
+
+
+# A generation state: a schema state with an empty stack (int, FINISHED included), or a
+# frozenset of configurations (state, stack of resume states).
+State = int | frozenset
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +135,8 @@ class PushdownIndex:
         self.accepting = real.accepting
         self.start = 0
         self.vocab, self.eos_ids, self.stats = base.vocab, base.eos_ids, base.stats
-        self._first_id = base.dfa.num_states  # interned configuration sets count from here
-        self._ids: dict[frozenset, int] = {}
-        self._sets: list[frozenset] = []
-        self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._next: dict[tuple[int, int], int] = {}
+        self._masks: OrderedDict[State, np.ndarray] = OrderedDict()
+        self._next: dict[tuple[State, int], State] = {}
 
     @property
     def num_states(self) -> int:
@@ -149,28 +152,27 @@ class PushdownIndex:
         """The configurations after `data` (empty: it does not fit)."""
         return walk(self.table, self.nesting, configs, data)
 
-    def configurations(self, state: int) -> frozenset:
-        if state < self._first_id:
+    def configurations(self, state: State) -> frozenset:
+        if isinstance(state, int):
             return frozenset({(state, ())})
-        return self._sets[state - self._first_id]
+        return state
 
-    def intern(self, configs: frozenset) -> int:
+    @staticmethod
+    def state_of(configs: frozenset) -> State:
+        """A schema state with an empty stack as its int (the precomputed path), else the
+        configurations themselves (hashable; nothing to intern, so nothing grows)."""
         if len(configs) == 1:
             ((q, stack),) = configs
             if not stack:
                 return q
-        state = self._ids.get(configs)
-        if state is None:
-            state = self._ids[configs] = self._first_id + len(self._sets)
-            self._sets.append(configs)
-        return state
+        return configs
 
     # -- TokenIndex's interface -----------------------------------------------------------
 
-    def _precomputed(self, state: int) -> bool:
-        return state < self._first_id and state not in self.base.trapped
+    def _precomputed(self, state: State) -> bool:
+        return isinstance(state, int) and state not in self.base.trapped
 
-    def mask(self, state: int) -> np.ndarray:
+    def mask(self, state: State) -> np.ndarray:
         if state == FINISHED or self._precomputed(state):
             return self.base.mask(state)
         words = self._masks.get(state)
@@ -180,7 +182,7 @@ class PushdownIndex:
                 self._masks.popitem(last=False)
         return words
 
-    def _compute(self, state: int) -> np.ndarray:
+    def _compute(self, state: State) -> np.ndarray:
         words = np.zeros(self.width, dtype=np.uint32)
         token_bytes = self.vocab.token_bytes
         for q, stack in self.configurations(state):
@@ -195,20 +197,22 @@ class PushdownIndex:
                     words[t >> 5] |= np.uint32(1 << (t & 31))
         return words
 
-    def is_accepting(self, state: int) -> bool:
+    def is_accepting(self, state: State) -> bool:
         if state == FINISHED:
             return True
         return any(not stack and self.accepting[q] for q, stack in self.configurations(state))
 
-    def allows(self, state: int, token_id: int) -> bool:
+    def allows(self, state: State, token_id: int) -> bool:
         return bool((int(self.mask(state)[token_id >> 5]) >> (token_id & 31)) & 1)
 
-    def advance(self, state: int, token_id: int) -> int:
+    def advance(self, state: State, token_id: int) -> State:
         """The state after `token_id`; FINISHED after EOS; GrammarError if not allowed."""
         key = (state, token_id)
         nxt = self._next.get(key)
         if nxt is not None:
             return nxt
+        if len(self._next) >= _ADVANCE_CACHE:  # a cache only: states carry their own stack
+            self._next.clear()
         if not self.allows(state, token_id):
             raise GrammarError(f"token {token_id} is not allowed in state {state}")
         if token_id in self.eos_ids:
@@ -217,11 +221,11 @@ class PushdownIndex:
             nxt = self.base.advance(state, token_id)
         else:
             configs = self.walk(self.configurations(state), self.vocab.token_bytes[token_id])
-            nxt = self.intern(configs)
+            nxt = self.state_of(configs)
         self._next[key] = nxt
         return nxt
 
-    def forced_token(self, state: int) -> int | None:
+    def forced_token(self, state: State) -> int | None:
         if state == FINISHED:
             return None
         if self._precomputed(state):
