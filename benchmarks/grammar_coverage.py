@@ -26,7 +26,6 @@ import time
 from tgix.grammar import json_arrays, json_strings, pushdown
 from tgix.grammar.automaton import DEAD, build_dfa
 from tgix.grammar.errors import GrammarError
-from tgix.grammar.json_any import container_tree
 from tgix.grammar.json_schema import schema_to_tree
 from tgix.grammar.options import GrammarOptions
 
@@ -41,8 +40,7 @@ class _Machine:
         self.dfa, self.nesting = dfa, None
         self.start = dfa.start
         if pushdown.has_nesting(dfa):
-            container = build_dfa(container_tree(_SETTINGS["options"]))
-            self.dfa, self.nesting = pushdown.combine(dfa, container)
+            self.dfa, self.nesting = pushdown.combine(dfa, _SETTINGS["options"])
             self.start = frozenset({(0, ())})
 
     def walk(self, data: bytes, state):

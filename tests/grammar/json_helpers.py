@@ -10,7 +10,6 @@ import jsonschema
 
 from tgix.grammar import pushdown
 from tgix.grammar.automaton import build_dfa
-from tgix.grammar.json_any import container_tree
 from tgix.grammar.json_schema import schema_to_tree
 from tgix.grammar.options import GrammarOptions
 
@@ -38,13 +37,8 @@ def accepts_text(schema, text: str, options: GrammarOptions = DEFAULT) -> bool:
     dfa = grammar(schema, options)[0]
     if not pushdown.has_nesting(dfa):
         return dfa.accepts(text.encode())
-    real, nesting = pushdown.combine(dfa, _container(options))
+    real, nesting = pushdown.combine(dfa, options)
     return pushdown.accepts(real, nesting, text.encode())
-
-
-@functools.lru_cache(maxsize=8)
-def _container(options: GrammarOptions):
-    return build_dfa(container_tree(options), options.max_states)
 
 
 def texts(value) -> list[str]:

@@ -7,7 +7,6 @@ regex inside a library call still stops with a GrammarError.
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 
@@ -101,7 +100,7 @@ def compile_arrays(
     dfa = build_dfa(tree, options.max_states, deadline)
     nesting = None
     if has_nesting(dfa):
-        dfa, nesting = combine(dfa, _container_dfa(options))
+        dfa, nesting = combine(dfa, options)
     t2 = time.monotonic()
     if nesting is not None:
         walk_dfa, trap, seeds = trapped_dfa(dfa, nesting)
@@ -117,11 +116,3 @@ def compile_arrays(
     return CompiledArrays(
         dfa.table, dfa.accepting, index.row_of, index.masks, stats, nesting.pack(), packed
     )
-
-
-@functools.lru_cache(maxsize=8)
-def _container_dfa(options: GrammarOptions) -> ByteDFA:
-    """G of tgix.grammar.pushdown for this layout (the same for every schema)."""
-    from tgix.grammar.json_any import container_tree
-
-    return build_dfa(container_tree(options), options.max_states)

@@ -24,15 +24,17 @@ checked by walking the stack machine, cached per state id.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
-from tgix.grammar.automaton import DEAD, ByteDFA
+from tgix.grammar.automaton import DEAD, ByteDFA, build_dfa
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.index import FINISHED, TokenIndex
-from tgix.grammar.json_any import NESTED
+from tgix.grammar.json_any import NESTED, container_tree
+from tgix.grammar.options import GrammarOptions
 
 OPEN = (ord("{"), ord("["))
 MAX_DEPTH = 512  # containers open at once; past it a generation may only close them
@@ -70,8 +72,15 @@ def has_nesting(dfa: ByteDFA) -> bool:
     return bool((dfa.table[:, NESTED] != DEAD).any())
 
 
-def combine(outer: ByteDFA, container: ByteDFA) -> tuple[ByteDFA, Nesting]:
+@functools.lru_cache(maxsize=8)
+def _container_dfa(options: GrammarOptions) -> ByteDFA:
+    """G for this layout: the same for every schema, so built once per options."""
+    return build_dfa(container_tree(options), options.max_states)
+
+
+def combine(outer: ByteDFA, options: GrammarOptions) -> tuple[ByteDFA, Nesting]:
     """One table for the schema automaton and G; NESTED edges become `calls`."""
+    container = _container_dfa(options)
     s = outer.num_states
     inner = np.where(container.table != DEAD, container.table + s, DEAD)
     table = np.vstack([outer.table, inner]).astype(np.int32)
