@@ -61,7 +61,7 @@ def test_matches_naive_for_ragged_rows_with_padding(attend, window):
     assert np.isfinite(out).all()  # padding tokens too
 
 
-@pytest.mark.parametrize("block", [256, 5])  # one block; query blocks of 5 over 16 tokens
+@pytest.mark.parametrize("block", [None, 256, 5])  # by row length; one block; blocks of 5
 @pytest.mark.parametrize("window", [None, 3])
 def test_prefill_attention_sees_only_its_rows_earlier_tokens(window, block):
     """Three fresh rows (lengths 4, 1, 6) packed with padding: same result as the naive loop,

@@ -126,12 +126,47 @@ def prefill_attention(
     returns [T, N, H]. No page is read: a whole prompt is one row's contiguous span on T, and a
     token sees the earlier tokens of its own row. Padding tokens (index >= cu_q_lens[-1]) are
     never seen. Work is block-sparse over the packed axis (flash-attention's varlen form): a
-    loop over query blocks of `block` tokens (default 256), each running an online softmax
-    over the key blocks from its first row's start to itself only. Cost follows the sum of
+    loop over query blocks of `block` tokens (default: by_longest_row), each running an online
+    softmax over the key blocks from its first row's start to itself only. Cost follows the sum of
     the rows' squared lengths, not T squared: 48 prompts of 85 tokens in a 4096-token step
     touch 2 key blocks per query block where a dense triangle touched up to 16, and a single
     long prompt costs its causal triangle. Two loops per layer keep the executables small.
     """
+    t, n, h = q.shape
+    k = k_new.shape[1]
+    fresh = lambda qb, start, q_blk, q_rows, q_pos: _softmax_init((k, n // k, q_blk.shape[2]), h)
+    run = lambda b: causal_blocks(
+        q, k_new, v_new, md, fresh, sliding_window=sliding_window, block=b
+    )
+    return run(block) if block else by_longest_row(md, t, run)
+
+
+BLOCKS = (32, 256)  # query/key block sizes for steps of short rows and of long ones
+SHORT_ROW = 256  # longest row (new tokens in the step) that still runs in small blocks
+
+
+def block_sizes(t: int) -> tuple[int, int]:
+    """The two block sizes for a T-token step (a block never exceeds T)."""
+    return min(BLOCKS[0], t), min(BLOCKS[1], t)
+
+
+def by_longest_row(md: AttentionMetadata, t: int, run):
+    """run(block) with 32-token blocks when no row has more than SHORT_ROW new tokens, else
+    256 (both compiled, one runs). A 256-token block of 80-token prompts computes mostly
+    masked scores: measured per layer on XLA:CPU, 38 prompts of 80 tokens take 7.5 ms in
+    32-token blocks and 19 ms in 256-token ones; one 4096-token prompt 155 ms and 99 ms."""
+    small, large = block_sizes(t)
+    if small == large:
+        return run(large)
+    longest = jnp.max(md.cu_q_lens[1:] - md.cu_q_lens[:-1])
+    return jax.lax.cond(longest <= SHORT_ROW, lambda: run(small), lambda: run(large))
+
+
+def causal_blocks(q, k_new, v_new, md: AttentionMetadata, block_init, *, sliding_window, block):
+    """prefill_attention's loop, starting each query block from `block_init(qb, start, q_blk
+    [K, G, Q, H] (scaled), q_rows [Q], q_pos [Q])`: a softmax carry ([K, G, Q] max and
+    denominator, [K, G, Q, H] sum) that may already hold attention to earlier KV (paged
+    history, see attention_mixed). Returns [T, N, H]."""
     t, n, h = q.shape
     block = min(block or 256, t)
     num_blocks = -(-t // block)
@@ -172,7 +207,7 @@ def prefill_attention(
 
         # a block that starts in padding reads nothing; else from its first row's start
         first = jnp.where(real[start], row_start[start] // block, qb + 1)
-        init = _softmax_init((k, g, block), h)
+        init = block_init(qb, start, q_blk, q_rows, q_pos)
         _, denom, acc = jax.lax.fori_loop(first, qb + 1, key_block, init)
         blk = _softmax_result(denom, acc)
         return jax.lax.dynamic_update_slice_in_dim(out, blk, start, 2)

@@ -20,6 +20,7 @@ from tgix.models.attention import (
     prefill_attention,
     write_kv,
 )
+from tgix.models.attention_mixed import mixed_attention
 from tgix.models.config import ModelConfig
 from tgix.models.layers import Dense, GatedMLP, RMSNorm, apply_rope, rope_cos_sin
 
@@ -65,6 +66,8 @@ class Attention(nnx.Module):
         kv = LayerKV(write_kv(kv.k, k, md.slot_mapping), write_kv(kv.v, v, md.slot_mapping))
         if fresh_rows:
             out = prefill_attention(q, k, v, md, sliding_window=self.sliding_window)
+        elif self.backend == "paged" and t > md.kv_lens.shape[0]:  # prompt chunks in the step
+            out = mixed_attention(q, k, v, kv.k, kv.v, md, sliding_window=self.sliding_window)
         else:
             attend = ATTENTION_BACKENDS[self.backend]
             out = attend(q, kv.k, kv.v, md, sliding_window=self.sliding_window)

@@ -1,0 +1,176 @@
+"""Attention for mixed steps: decode rows and prompt chunks packed on one token axis.
+
+A chunked-prefill step holds decode rows (one token each, history in pages) and prompt chunks
+(many tokens each, with history in pages only when a chunk continues a prompt that an earlier
+step cut). `paged_attention` gathers every token's row pages: a 512-token chunk copies its
+row's history 512 times, and a fresh prompt (no history) still pays for the gather of the
+longest row in the step. Here a token's attention is three passes folded into one online
+softmax carry:
+
+  per token  the leading run of one-token rows (decode rows; the scheduler puts them first)
+             gathers each token's pages, in sub-blocks of 16 tokens that loop only as far as
+             their own longest history: each row's pages are read once, as they must be
+  per row    every later token: a query block reads the history pages of each of its rows
+             once, for all of that row's tokens in the block
+  own        the step's own K/V, causal within the row (prefill_attention's block loop)
+
+Every (token, earlier position) pair is seen by exactly one pass whatever the row order, so
+the result is reference_attention's for any step; the split decides only the speed.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from tgix.models.attention import (
+    _MASKED,
+    AttentionMetadata,
+    _softmax_init,
+    _softmax_step,
+    block_sizes,
+    by_longest_row,
+    causal_blocks,
+)
+
+_SUB_BLOCK = 16  # tokens of the per-token pass that share one loop bound
+
+
+def mixed_attention(
+    q: jax.Array,
+    k_new: jax.Array,
+    v_new: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    md: AttentionMetadata,
+    *,
+    sliding_window: int | None = None,
+    block: int | None = None,
+    chunk_pages: int = 8,
+) -> jax.Array:
+    """q [T, N, H]; k_new, v_new [T, K, H] (this step's K/V); pages [num_pages, page_size, K, H]
+    (holding every row's history); returns [T, N, H], equal to reference_attention."""
+    t = q.shape[0]
+    page_size = k_pages.shape[1]
+    blocks = (min(block, t),) if block else block_sizes(t)
+    padded = max(-(-t // b) * b for b in blocks)  # T' of causal_blocks, either block size
+    q_lens = md.cu_q_lens[1:] - md.cu_q_lens[:-1]  # [R] (0 for padding rows)
+    history = md.kv_lens - q_lens  # [R] positions in pages before this step
+    lead = jnp.sum(jnp.cumprod(q_lens == 1))  # tokens in the leading run of one-token rows
+    real = md.cu_q_lens[-1]
+    page_table = jnp.pad(md.page_table, ((0, 0), (0, -md.page_table.shape[1] % chunk_pages)))
+    pages = _Pages(k_pages, v_pages, page_table, chunk_pages, page_size, sliding_window)
+
+    head = min(t, md.kv_lens.shape[0])  # at most R one-token rows
+    m, denom, acc = pages.per_token(q[:head], md, history, lead)  # [head, K, G(, H)]
+    to_blocks = lambda x, fill: jnp.pad(  # [head, K, G, ...] -> [K, G, T', ...]
+        jnp.moveaxis(x, 0, 2),
+        [(0, 0), (0, 0), (0, padded - head)] + [(0, 0)] * (x.ndim - 3),
+        constant_values=fill,
+    )
+    head_carry = (to_blocks(m, _MASKED), to_blocks(denom, 0.0), to_blocks(acc, 0.0))
+
+    def run(block):
+        block = min(block, t)
+
+        def block_init(qb, start, q_blk, q_rows, q_pos):
+            carry = tuple(jax.lax.dynamic_slice_in_dim(x, start, block, 2) for x in head_carry)
+            first = jnp.maximum(start, lead)  # this block's tokens for the per-row pass
+            stop = jnp.minimum(start + block, real)
+            index = start + jnp.arange(block, dtype=jnp.int32)
+            later = (index >= lead) & (index < real)  # [Q]
+            row_lo = md.token_rows[jnp.minimum(first, t - 1)]
+            row_hi = jnp.where(first < stop, md.token_rows[jnp.maximum(stop - 1, 0)] + 1, row_lo)
+
+            def row_pass(r, carry):
+                mine = later & (q_rows == r)
+                return pages.per_row(carry, r, history[r], q_blk, mine, q_pos)
+
+            return jax.lax.fori_loop(row_lo, row_hi, row_pass, carry)
+
+        return causal_blocks(
+            q, k_new, v_new, md, block_init, sliding_window=sliding_window, block=block
+        )
+
+    return run(block) if block else by_longest_row(md, t, run)
+
+
+class _Pages:
+    """The history passes over one layer's pages."""
+
+    def __init__(self, k_pages, v_pages, page_table, chunk_pages, page_size, sliding_window):
+        self.k_pages, self.v_pages, self.page_table = k_pages, v_pages, page_table
+        self.chunk_pages, self.window = chunk_pages, sliding_window
+        self.chunk = chunk_pages * page_size
+
+    def _valid(self, kv_pos, hist, q_pos):
+        """[Q, C]: earlier than the step (kv_pos < hist [Q, 1]) and inside the window."""
+        valid = kv_pos < hist
+        if self.window is not None:
+            valid &= kv_pos > q_pos[:, None] - self.window
+        return valid
+
+    def per_token(self, q, md: AttentionMetadata, history, lead):
+        """History of tokens [0, lead) (q [head, N, H]): per sub-block of 16 tokens, a loop
+        over page chunks up to the sub-block's longest history. Returns the softmax carry
+        token-major: max, denominator [head, K, G], sum [head, K, G, H]."""
+        head, n, h = q.shape
+        k = self.k_pages.shape[2]
+        g = n // k
+        sub = min(_SUB_BLOCK, head)
+        head_pad = -(-head // sub) * sub
+        padding = lambda x: jnp.pad(x, [(0, head_pad - head)] + [(0, 0)] * (x.ndim - 1))
+        q_all = padding(q.reshape(head, k, g, h).astype(jnp.float32) * h**-0.5)
+        rows, pos = padding(md.token_rows[:head]), padding(md.positions[:head])
+        index = jnp.arange(head_pad, dtype=jnp.int32)
+        hist_all = jnp.where(index < lead, history[rows], 0)  # [head'] 0: not this pass's
+
+        def sub_block(sb, out):
+            at = sb * sub
+            q_sb = jax.lax.dynamic_slice_in_dim(q_all, at, sub)  # [S, K, G, H]
+            pages_sb = self.page_table[jax.lax.dynamic_slice_in_dim(rows, at, sub)]  # [S, P']
+            hist = jax.lax.dynamic_slice_in_dim(hist_all, at, sub)[:, None]  # [S, 1]
+            q_pos = jax.lax.dynamic_slice_in_dim(pos, at, sub)
+
+            def chunk(i, carry):
+                ids = jax.lax.dynamic_slice_in_dim(
+                    pages_sb, i * self.chunk_pages, self.chunk_pages, 1
+                )
+                k_c = self.k_pages[ids].reshape(sub, self.chunk, k, h).astype(jnp.float32)
+                v_c = self.v_pages[ids].reshape(sub, self.chunk, k, h).astype(jnp.float32)
+                scores = jnp.einsum("tkgh,tckh->tkgc", q_sb, k_c)
+                kv_pos = i * self.chunk + jnp.arange(self.chunk, dtype=jnp.int32)[None, :]
+                valid = self._valid(kv_pos, hist, q_pos)  # [S, C]
+                scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
+                return _softmax_step(carry, scores, v_c, "tkgc,tckh->tkgh")
+
+            num_chunks = (jnp.max(hist) + self.chunk - 1) // self.chunk
+            carry = jax.lax.fori_loop(0, num_chunks, chunk, _softmax_init((sub, k, g), h))
+            return tuple(
+                jax.lax.dynamic_update_slice_in_dim(o, c, at, 0)
+                for o, c in zip(out, carry, strict=True)
+            )
+
+        num_sub = (jnp.minimum(lead, head) + sub - 1) // sub
+        out = jax.lax.fori_loop(0, num_sub, sub_block, _softmax_init((head_pad, k, g), h))
+        return tuple(x[:head] for x in out)
+
+    def per_row(self, carry, row, hist, q_blk, mine, q_pos):
+        """Fold row `row`'s history (hist positions) into a query block's carry, for the
+        block's tokens where `mine` [Q]; q_blk [K, G, Q, H] scaled. Each page chunk is read
+        once for the whole block."""
+        k, h = self.k_pages.shape[2], self.k_pages.shape[3]
+
+        def chunk(i, carry):
+            ids = jax.lax.dynamic_slice_in_dim(
+                self.page_table[row], i * self.chunk_pages, self.chunk_pages
+            )
+            k_c = jnp.moveaxis(self.k_pages[ids].reshape(self.chunk, k, h), 1, 0)  # [K, C, H]
+            v_c = jnp.moveaxis(self.v_pages[ids].reshape(self.chunk, k, h), 1, 0)
+            scores = jnp.einsum("kgqh,kch->kgqc", q_blk, k_c.astype(jnp.float32))
+            kv_pos = i * self.chunk + jnp.arange(self.chunk, dtype=jnp.int32)[None, :]
+            valid = self._valid(kv_pos, hist, q_pos) & mine[:, None]  # [Q, C]
+            scores = jnp.where(valid[None, None], scores, _MASKED)
+            return _softmax_step(carry, scores, v_c.astype(jnp.float32), "kgqc,kch->kgqh")
+
+        return jax.lax.fori_loop(0, (hist + self.chunk - 1) // self.chunk, chunk, carry)
