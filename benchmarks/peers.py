@@ -4,7 +4,7 @@ on the same GGUF file, transformers float32 from it), plus the machine's rooflin
 
     python -m benchmarks.llama_cpp build        # once (about 15 minutes on 2 cores)
     python -m benchmarks.peers [--concurrency 1 4 8 16 32 64] [--new-tokens 32]
-        [--prompt-words 64] [--requests 8] [--repeats 1] [--no-llama-cpp] [--no-hf]
+        [--prompt-words 64] [--requests 8] [--rounds 3] [--repeats 1] [--no-llama-cpp] [--no-hf]
 
 In order, each engine alone on the machine:
  1. Roofline (benchmarks.roofline): float32 GEMV GB/s over the model's weights (the batch-1
@@ -13,8 +13,10 @@ In order, each engine alone on the machine:
     after the first start) then `llama-server --parallel 64` (continuous batching, 512 tokens
     per slot, all cores): the closed-loop sweep of benchmarks.serve_load over both prompt
     sets (synthetic words and real text), OpenAI `/v1/completions` streamed, greedy,
-    `ignore_eos`, `--new-tokens` each. Each server is stopped (its whole process group)
-    before the next starts.
+    `ignore_eos`, `--new-tokens` each; at each concurrency C, max(--requests, --rounds x C)
+    requests (3 per client by default: one arrival burst is not the whole level; 512
+    distinct prompts per set, so no prompt repeats and llama-server's prompt cache never
+    hits). Each server is stopped (its whole process group) before the next starts.
  3. transformers `generate` on static batches of the synthetic prompts (tokenized, cut to the
     shortest so the batch needs no padding), batch = concurrency: output tok/s = B N / t(N),
     TTFT = t(1) (the whole batch's prefill), TPOT = (t(N) - t(1)) / (N - 1).
@@ -98,6 +100,7 @@ def sweep_server(port: int, prompt_sets: dict, args) -> dict:
                 args.concurrency,
                 args.new_tokens,
                 requests_per_level=args.requests,
+                rounds=args.rounds,
                 time_limit_s=args.time_limit,
             )
         )
@@ -196,8 +199,13 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prompt-words", type=int, default=64)
-    parser.add_argument("--prompts", type=int, default=256, help="distinct prompts per set")
-    parser.add_argument("--requests", type=int, default=8, help="per level: max(this, level)")
+    parser.add_argument("--prompts", type=int, default=512, help="distinct prompts per set")
+    parser.add_argument(
+        "--requests", type=int, default=8, help="per level: max(this, rounds x level)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="requests per client per level, at least"
+    )
     parser.add_argument("--time-limit", type=float, default=90, help="seconds per level")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-llama-cpp", action="store_true")

@@ -35,7 +35,7 @@ Metrics per level (seconds; p50/p90/p99 linear-interpolated, and the mean):
 Usage:
     python -m benchmarks.serve_load --url http://127.0.0.1:3000 [--api openai|tgi]
         [--concurrency 1 4 8 16 32 64] [--prompt-set synthetic text both] [--prompt-words 64]
-        [--new-tokens 32] [--requests 8] [--time-limit 90] [--model tgi] [--json PATH]
+        [--new-tokens 32] [--requests 8] [--rounds 1] [--time-limit 90] [--model tgi] [--json PATH]
         [--plot PATH] [--label NAME]
 """
 
@@ -243,13 +243,16 @@ async def sweep(
     model="tgi",
     client_timeout_s=120,
     warmup=1,
+    rounds=1,
 ) -> list[dict]:
     """run_level at each concurrency in `levels`, in order, on one client. `requests_per_level`:
-    a callable concurrency -> requests, or an int N meaning max(N, concurrency). `warmup`
+    a callable concurrency -> requests, or an int N meaning max(N, rounds x concurrency): with
+    rounds > 1 every client sends several requests, so a level is not one arrival burst and its
+    ramp-up and drain are a smaller share of its wall time. `warmup`
     untimed requests go first; each level starts in `prompts` where the previous one stopped."""
     if isinstance(requests_per_level, int):
         n = requests_per_level
-        requests_per_level = lambda c: max(n, c)
+        requests_per_level = lambda c: max(n, rounds * c)
     target = Target(url, api, new_tokens, model, client_timeout_s)
     results, offset = [], warmup
     async with new_client(max(levels), client_timeout_s) as client:
@@ -330,7 +333,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-set", choices=("synthetic", "text", "both"), default="synthetic")
     p.add_argument("--prompt-words", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--requests", type=int, default=8, help="per level: max(N, concurrency)")
+    p.add_argument("--requests", type=int, default=8, help="per level: max(N, rounds x level)")
+    p.add_argument("--rounds", type=int, default=1, help="requests per client per level, at least")
     p.add_argument("--time-limit", type=float, default=90.0, help="per level, seconds")
     p.add_argument("--model", default="tgi", help="OpenAI `model` field")
     p.add_argument("--json", metavar="PATH")
@@ -345,8 +349,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     sets = ["synthetic", "text"] if args.prompt_set == "both" else [args.prompt_set]
-    count = sum(max(args.requests, c) for c in args.concurrency) + 1  # + the warm-up
+    count = sum(max(args.requests, args.rounds * c) for c in args.concurrency) + 1  # + warm-up
     opts = {"requests_per_level": args.requests, "time_limit_s": args.time_limit}
+    opts["rounds"] = args.rounds
     opts["model"] = args.model
     results = {}
     for kind in sets:
