@@ -4,7 +4,8 @@ on the same GGUF file, transformers float32 from it), plus the machine's rooflin
 
     python -m benchmarks.llama_cpp build        # once (about 15 minutes on 2 cores)
     python -m benchmarks.peers [--concurrency 1 4 8 16 32 64] [--new-tokens 32]
-        [--prompt-words 64] [--requests 8] [--rounds 3] [--repeats 1] [--no-llama-cpp] [--no-hf]
+        [--prompt-words 64] [--requests 8] [--rounds 3] [--settle 10] [--repeats 1]
+        [--no-llama-cpp] [--no-hf]
 
 In order, each engine alone on the machine:
  1. Roofline (benchmarks.roofline): float32 GEMV GB/s over the model's weights (the batch-1
@@ -16,7 +17,11 @@ In order, each engine alone on the machine:
     `ignore_eos`, `--new-tokens` each; at each concurrency C, max(--requests, --rounds x C)
     requests (3 per client by default: one arrival burst is not the whole level; 512
     distinct prompts per set, so no prompt repeats and llama-server's prompt cache never
-    hits). Each server is stopped (its whole process group) before the next starts.
+    hits). Each server is left idle for `--settle` seconds after /health answers before the
+    sweep: a deployed server is up before its traffic comes, and tgix runs each cheap step
+    shape once while idle (its first call on XLA:CPU is 0.1-0.3 s slower: prewarm.py;
+    llama-server warms up before it answers /health). Each server is stopped (its whole
+    process group) before the next starts.
  3. transformers `generate` on static batches of the synthetic prompts (tokenized, cut to the
     shortest so the batch needs no padding), batch = concurrency: output tok/s = B N / t(N),
     TTFT = t(1) (the whole batch's prefill), TPOT = (t(N) - t(1)) / (N - 1).
@@ -208,6 +213,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--time-limit", type=float, default=90, help="seconds per level")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--settle", type=float, default=10, help="idle seconds after /health, every server"
+    )
     parser.add_argument("--no-llama-cpp", action="store_true")
     parser.add_argument("--no-hf", action="store_true")
     parser.add_argument("--json", default="benchmarks/results/peers.json")
@@ -226,6 +234,7 @@ def main(argv=None) -> int:
         port = free_port()
         proc = start_tgix(port, log_path)
         try:
+            time.sleep(args.settle)
             runs["tgix"].append(sweep_server(port, prompt_sets, args))
         finally:
             stop(proc)
@@ -239,6 +248,7 @@ def main(argv=None) -> int:
                 log_path=log_path,
             )  # fmt: skip
             try:
+                time.sleep(args.settle)
                 runs["llama.cpp"].append(sweep_server(port, prompt_sets, args))
             finally:
                 stop(proc)

@@ -97,6 +97,7 @@ def build_engine(settings):
         memory_fraction=settings.cuda_memory_fraction,
         grammar_workers=-1 if settings.disable_grammar_support else 1,
         grammar_strict=os.environ.get("TGIX_GRAMMAR_STRICT", "1") != "0",
+        prewarm=True,
     )
     model_id = settings.model_id or DEFAULT_MODEL_NAME
     try:

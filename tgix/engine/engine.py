@@ -28,6 +28,7 @@ from tgix.engine.live import (
     can_run_ahead,
     with_real_tokens,
 )
+from tgix.engine.prewarm import Prewarmer
 from tgix.engine.request import EngineLimits, GenerationError, GenerationRequest, SamplingParams
 from tgix.engine.runner import RowSampling, Runner
 from tgix.engine.scheduler import ScheduledStep, Scheduler
@@ -35,6 +36,7 @@ from tgix.engine.stream import RequestStream
 
 logger = logging.getLogger(__name__)
 
+PREWARM_AFTER_S = 1.0  # idle this long before running warm-up steps
 StepHook = Callable[..., None]  # (kind, duration_s, batch_size, num_tokens, *, ok)
 
 
@@ -53,6 +55,7 @@ class Engine:
         stall_timeout_s: float = 120.0,
         on_step: StepHook | None = None,
         overlap: bool = True,
+        prewarm: bool = False,
     ):
         self.runner, self.scheduler, self.tokenizer, self.limits = (
             runner,
@@ -74,6 +77,8 @@ class Engine:
         self._host_gaps: collections.deque[float] = collections.deque(maxlen=256)
         self._stats: dict[str, float] = {}
         self._overlap = overlap
+        self._prewarm = Prewarmer(runner) if prewarm else None  # idle-time first calls
+        self._idle_since: float | None = None  # monotonic time the engine last went idle
         self._overlapped = 0  # steps dispatched before the previous one was read back
         self.grammar_compiler = None  # tgix.grammar.GrammarCompiler, set by the factory
         # forced grammar tokens join the next step as extra input tokens of their row: needs
@@ -145,10 +150,14 @@ class Engine:
                     step = self.scheduler.schedule()
                     if step is None:
                         self._last_step_done = None  # idle time is not a host gap
+                        self._idle_since = self._idle_since or time.monotonic()
                         self._refresh_stats()
+                        if self._prewarm_one():
+                            continue
                         self._wake.wait(0.05)
                         self._wake.clear()
                         continue
+                    self._idle_since = None
                     inflight = self._dispatch(step, step.rows)
                     if inflight is None:
                         continue
@@ -163,6 +172,23 @@ class Engine:
             raise
         finally:
             self._end_all(GenerationError("Engine is shutting down", "shutdown"))
+
+    def _prewarm_one(self) -> bool:
+        """Idle for PREWARM_AFTER_S: run one executable that has not run yet (prewarm.py),
+        unless other processes follow this one's steps. A closed-loop client leaves the
+        engine idle for milliseconds between requests; a warm-up there would hold up the
+        next admission (measured: 0.3 s more time to first token). False: nothing run."""
+        if self._prewarm is None or not self._ready or self.runner.broadcast is not None:
+            return False
+        if time.monotonic() - (self._idle_since or time.monotonic()) < PREWARM_AFTER_S:
+            return False
+        try:
+            return self._prewarm.step()
+        except Exception:  # never fatal: that shape pays its first call when used
+            logger.exception("prewarm failed; stopping it")
+            self._prewarm = None
+            self.runner.reset_kv()  # its pages may have been donated to the failed call
+            return False
 
     def _drain_inbox(self) -> None:
         while self._inbox:

@@ -43,6 +43,7 @@ class EngineOptions:
     compilation_cache: str | None = None
     compile: bool = True  # compile every bucket before serving
     warmup: bool = True  # run one request end to end before reporting healthy
+    prewarm: bool = False  # then, while idle, run every cheap step shape once (prewarm.py)
     progress: bool = True
     stall_timeout_s: float = 120.0
     memory_fraction: float = 1.0  # TGI's --cuda-memory-fraction: share of accelerator memory
@@ -157,6 +158,7 @@ def create_engine(
         prompt_logprobs=options.prompt_logprobs,
         stall_timeout_s=options.stall_timeout_s,
         on_step=on_step,
+        prewarm=options.prewarm,
     )
     engine.grammar_compiler = _grammar_compiler(tokenizer, cfg.vocab_size, options)
     engine.warmup(run_request=options.warmup)

@@ -112,6 +112,7 @@ class Runner:
         self.compile_seconds = 0.0
         self.dispatched_at = 0.0  # monotonic time of the last model-step dispatch
         self.broadcast: Callable[[tuple], None] | None = None
+        self.ran: set[tuple] = set()  # ("model" | "sampler" | "mask", shape) run at least once
         self._global_inputs = jax.process_count() > 1  # a group's executables take global arrays
 
     # -- compilation -----------------------------------------------------------------------------
@@ -249,19 +250,19 @@ class Runner:
     def num_executables(self) -> int:
         return len(self._model_exec) + len(self._sampler_exec) + len(self._mask_exec)
 
-    def _model_for(self, shape: StepShape):
+    def model_for(self, shape: StepShape):
         if shape not in self._model_exec:  # only when compile_all was skipped (tests, tools)
             logger.warning("compiling %s during serving", shape)
             self._model_exec[shape] = self._compile_model(shape)
         return self._model_exec[shape]
 
-    def _sampler_for(self, rows: int, history: int):
+    def sampler_for(self, rows: int, history: int):
         if (rows, history) not in self._sampler_exec:
             logger.warning("compiling sampler %s during serving", (rows, history))
             self._sampler_exec[rows, history] = self._compile_sampler(rows, history)
         return self._sampler_exec[rows, history]
 
-    def _mask_for(self, rows: int):
+    def mask_for(self, rows: int):
         if rows not in self._mask_exec:
             logger.warning("compiling grammar mask %d during serving", rows)
             self._mask_exec[rows] = self._compile_mask(rows)
@@ -333,15 +334,24 @@ class Runner:
                 raise ValueError(f"device ids {device_token_ids.shape} for {token_ids.shape}")
             token_ids = device_token_ids
         self.dispatched_at = time.monotonic()
-        logits, prompt_lp, self.kv = self._model_for(shape)(
-            self._params, token_ids, self.kv, AttentionMetadata(**md), logits_indices
-        )
+        logits, prompt_lp = self.call_model(shape, token_ids, md, logits_indices)
         if masks is not None:
-            logits = self._mask_for(shape.num_rows)(logits, masks)
-        sampled = self._sampler_for(shape.num_rows, host.history_len)(
+            logits = self.mask_for(shape.num_rows)(logits, masks)
+            self.ran.add(("mask", shape.num_rows))
+        sampled = self.sampler_for(shape.num_rows, host.history_len)(
             logits, SamplingArrays(**sampling), positions, history
         )
+        self.ran.add(("sampler", (shape.num_rows, host.history_len)))
         return StepOutput(*sampled, prompt_lp)
+
+    def call_model(self, shape: StepShape, token_ids, metadata: dict, logits_indices):
+        """The model step alone (KV pages donated and replaced): logits [R, V] and prompt
+        logprobs [T] (or None), device arrays."""
+        self.ran.add(("model", shape))
+        logits, prompt_lp, self.kv = self.model_for(shape)(
+            self._params, token_ids, self.kv, AttentionMetadata(**metadata), logits_indices
+        )
+        return logits, prompt_lp
 
     def _pack_masks(self, token_masks, num_rows: int) -> np.ndarray | None:
         if not token_masks or all(m is None for m in token_masks):
