@@ -9,8 +9,10 @@ timed separately on the device (no HTTP, no scheduler, no sampler).
 2. One layer at T = 32 prompts packed (fresh): the whole layer, its attention block (norm,
    q/k/v, rope, KV write, attention, o_proj), its MLP block, and prefill attention alone.
 3. Decode attention alone per layer (paged_attention) at batch 1/8/32/64.
+4. The layers' matrices alone, chained, at batch 1/2/4/8 (XLA:CPU's GEMV at batch 1 is
+   faster per byte than its small-batch GEMM: the step from 1 to 4 rows is mostly here).
 Medians of repeated calls after a warm-up, in ms. What this showed when it was written
-(BENCHMARKS.md): decode attention is ~36% of a batch-32 decode step, and prompt attention in
+(BENCHMARKS.md): decode attention is ~40% of a batch-32 decode step, and prompt attention in
 256-token blocks cost 2.5x the 32-token blocks on short prompts.
 """
 
@@ -152,6 +154,32 @@ def decode_attention(cfg) -> list[list]:
     return out
 
 
+def matmul_chain(model) -> list[list]:
+    """The decoder layers' matrices alone, multiplied one after another by [B, D]: what a
+    decode step's weight streaming costs at batch B with nothing else computed."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    vocab = model.cfg.vocab_size
+    mats = [p for p in jax.tree.leaves(nnx.state(model)) if p.ndim == 2 and p.shape[0] != vocab]
+    fit = lambda h, n: h[:, :n] if h.shape[1] >= n else jnp.pad(h, ((0, 0), (0, n - h.shape[1])))
+
+    @jax.jit
+    def chain(x, mats):
+        for w in mats:
+            x = fit(x, w.shape[0]) @ w
+        return x
+
+    out = []
+    for batch in (1, 2, 4, 8):
+        x = jnp.ones((batch, model.cfg.hidden_size))
+        call = functools.partial(chain, x, mats)
+        ms = median_ms(lambda call=call: call().block_until_ready(), reps=9)
+        out.append([f"layer matmul chain batch {batch}", f"{len(mats)} matrices", ms])
+    return out
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt", type=int, default=80, help="prompt tokens")
@@ -176,6 +204,7 @@ def main(argv=None) -> None:
     rows = model_steps(runner, args.prompt, np.random.default_rng(0))
     rows += layer_parts(loaded.model, args.prompt)
     rows += decode_attention(loaded.config)
+    rows += matmul_chain(loaded.model)
     print_table("step and layer times (ms, medians)", ["what", "shape", "ms"], rows)
     write_json(args.json, {"args": vars(args), "rows": rows})
 
