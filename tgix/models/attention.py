@@ -234,34 +234,53 @@ def paged_attention(
     step serves short and long sequences alike, and memory is O(T * chunk * K * H).
     """
     t, n, h = q.shape
-    _, page_size, k, _ = k_pages.shape
-    g = n // k
+    k = k_pages.shape[2]
     pad = -md.page_table.shape[1] % chunk_pages
     page_table = jnp.pad(md.page_table, ((0, 0), (0, pad)))  # [R, P'] with P' % chunk == 0
-    pages_of_token = page_table[md.token_rows]  # [T, P']
-    chunk = chunk_pages * page_size
-    kv_len = md.kv_lens[md.token_rows][:, None]  # [T, 1]
-    q_pos = md.positions[:, None]  # [T, 1]
-    q_grouped = q.reshape(t, k, g, h).astype(jnp.float32) * h**-0.5
-    num_chunks = (jnp.max(md.kv_lens) + chunk - 1) // chunk
+    # a token sees positions up to its own and below its row's KV length
+    limit = jnp.minimum(md.positions + 1, md.kv_lens[md.token_rows])[:, None]  # [T, 1]
+    q_grouped = q.reshape(t, k, n // k, h).astype(jnp.float32) * h**-0.5
+    _, denom, acc = token_pages(
+        q_grouped,
+        k_pages,
+        v_pages,
+        page_table[md.token_rows],
+        limit,
+        md.positions,
+        jnp.max(md.kv_lens),
+        chunk_pages=chunk_pages,
+        sliding_window=sliding_window,
+    )
+    out = _softmax_result(denom, acc)  # 0 only for empty padding rows
+    return out.reshape(t, n, h).astype(q.dtype)
+
+
+def token_pages(
+    q_grouped, k_pages, v_pages, pages_of_token, limit, q_pos, longest, *, chunk_pages,
+    sliding_window,
+):  # fmt: skip
+    """Each token's own row pages, gathered per token `chunk_pages` pages at a time, folded
+    into an online softmax: q_grouped [S, K, G, H] (scaled), pages_of_token [S, P'] (P' a
+    multiple of chunk_pages), limit [S, 1] (positions below it are seen), q_pos [S],
+    `longest` the loop bound in positions. Returns the carry: max and denominator [S, K, G],
+    sum [S, K, G, H]. Shared by paged_attention and attention_mixed's per-token pass."""
+    s, k, g, h = q_grouped.shape
+    chunk = chunk_pages * k_pages.shape[1]
 
     def body(i, carry):
-        # carry: running max and softmax denominator [T, K, G], weighted sum [T, K, G, H]
         pages = jax.lax.dynamic_slice_in_dim(pages_of_token, i * chunk_pages, chunk_pages, 1)
-        k_c = k_pages[pages].reshape(t, chunk, k, h).astype(jnp.float32)  # [T, C, K, H]
-        v_c = v_pages[pages].reshape(t, chunk, k, h).astype(jnp.float32)
+        k_c = k_pages[pages].reshape(s, chunk, k, h).astype(jnp.float32)  # [S, C, K, H]
+        v_c = v_pages[pages].reshape(s, chunk, k, h).astype(jnp.float32)
         scores = jnp.einsum("tkgh,tckh->tkgc", q_grouped, k_c)
         kv_pos = i * chunk + jnp.arange(chunk, dtype=jnp.int32)[None, :]  # [1, C]
-        valid = (kv_pos <= q_pos) & (kv_pos < kv_len)  # [T, C]
+        valid = kv_pos < limit  # [S, C]
         if sliding_window is not None:
-            valid &= kv_pos > q_pos - sliding_window
+            valid &= kv_pos > q_pos[:, None] - sliding_window
         scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
         return _softmax_step(carry, scores, v_c, "tkgc,tckh->tkgh")
 
-    init = _softmax_init((t, k, g), h)
-    _, denom, acc = jax.lax.fori_loop(0, num_chunks, body, init)
-    out = _softmax_result(denom, acc)  # 0 only for empty padding rows
-    return out.reshape(t, n, h).astype(q.dtype)
+    num_chunks = (longest + chunk - 1) // chunk
+    return jax.lax.fori_loop(0, num_chunks, body, _softmax_init((s, k, g), h))
 
 
 # name -> attend(q, k_pages, v_pages, md, *, sliding_window) -> [T, N, H]. Kernel backends

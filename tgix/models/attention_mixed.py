@@ -31,6 +31,7 @@ from tgix.models.attention import (
     block_sizes,
     by_longest_row,
     causal_blocks,
+    token_pages,
 )
 
 _SUB_BLOCK = 16  # tokens of the per-token pass that share one loop bound
@@ -132,20 +133,17 @@ class _Pages:
             hist = jax.lax.dynamic_slice_in_dim(hist_all, at, sub)[:, None]  # [S, 1]
             q_pos = jax.lax.dynamic_slice_in_dim(pos, at, sub)
 
-            def chunk(i, carry):
-                ids = jax.lax.dynamic_slice_in_dim(
-                    pages_sb, i * self.chunk_pages, self.chunk_pages, 1
-                )
-                k_c = self.k_pages[ids].reshape(sub, self.chunk, k, h).astype(jnp.float32)
-                v_c = self.v_pages[ids].reshape(sub, self.chunk, k, h).astype(jnp.float32)
-                scores = jnp.einsum("tkgh,tckh->tkgc", q_sb, k_c)
-                kv_pos = i * self.chunk + jnp.arange(self.chunk, dtype=jnp.int32)[None, :]
-                valid = self._valid(kv_pos, hist, q_pos)  # [S, C]
-                scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
-                return _softmax_step(carry, scores, v_c, "tkgc,tckh->tkgh")
-
-            num_chunks = (jnp.max(hist) + self.chunk - 1) // self.chunk
-            carry = jax.lax.fori_loop(0, num_chunks, chunk, _softmax_init((sub, k, g), h))
+            carry = token_pages(
+                q_sb,
+                self.k_pages,
+                self.v_pages,
+                pages_sb,
+                hist,
+                q_pos,
+                jnp.max(hist),
+                chunk_pages=self.chunk_pages,
+                sliding_window=self.window,
+            )
             return tuple(
                 jax.lax.dynamic_update_slice_in_dim(o, c, at, 0)
                 for o, c in zip(out, carry, strict=True)
