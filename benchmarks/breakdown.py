@@ -43,8 +43,8 @@ def median_ms(fn, reps: int = 7) -> float:
 def metadata(rows, shape):
     import jax.numpy as jnp
 
-    from tgix.engine.batch import pack_step
-    from tgix.models.attention import METADATA_FIELDS, AttentionMetadata
+    from tgix.attention.contract import METADATA_FIELDS, AttentionMetadata
+    from tgix.attention.pack import pack_step
 
     packed = pack_step(
         rows,
@@ -73,7 +73,7 @@ def time_step(runner, rows, shape) -> float:
 
 def model_steps(runner, prompt: int, rng) -> list[list]:
     """(step, shape, ms) for decode, fresh and mixed steps: the model executable only."""
-    from tgix.engine.batch import RowInput
+    from tgix.attention.pack import RowInput
 
     pages = lambda i: list(range(1 + 16 * i, 17 + 16 * i))  # 256 tokens a row
     decode = lambda n: [RowInput([int(rng.integers(1000))], 100, pages(i)) for i in range(n)]
@@ -99,11 +99,11 @@ def layer_parts(model, prompt: int) -> list[list]:
     import jax.numpy as jnp
     from flax import nnx
 
-    from tgix.engine.batch import RowInput
+    from tgix.attention.contract import LayerKV
+    from tgix.attention.pack import RowInput
+    from tgix.attention.xla import prefill_attention
     from tgix.engine.buckets import StepShape
-    from tgix.models.attention import prefill_attention
     from tgix.models.layers import rope_cos_sin
-    from tgix.models.llama import LayerKV
 
     cfg, n = model.cfg, 32
     t = -(-n * prompt // 256) * 256
@@ -137,9 +137,9 @@ def layer_parts(model, prompt: int) -> list[list]:
 def decode_attention(cfg) -> list[list]:
     import jax
 
-    from tgix.engine.batch import RowInput
+    from tgix.attention.pack import RowInput
+    from tgix.attention.xla import paged_attention
     from tgix.engine.buckets import StepShape
-    from tgix.models.attention import paged_attention
 
     shape = (64 * 8 + 1, PAGE, cfg.num_kv_heads, cfg.head_dim)
     k_pages = jax.random.normal(jax.random.key(0), shape)

@@ -72,7 +72,7 @@ def device_bytes(arrays, device) -> int:
 def measure(base, data: int, model: int, args) -> dict:
     import jax
 
-    from tgix.engine.batch import RowInput
+    from tgix.attention.pack import RowInput
     from tgix.engine.buckets import Buckets
     from tgix.engine.request import SamplingParams
     from tgix.engine.runner import RowSampling, Runner, RunnerConfig

@@ -71,7 +71,7 @@ def build_runner(loaded, max_batch: int, sequence: int, decode: int):
 
 def cycle(runner, prompt: list[int], batch: int, decode: int, pages_per_row: int) -> dict:
     """One prefill + decode cycle of `batch` identical requests; seconds of each part."""
-    from tgix.engine.batch import RowInput
+    from tgix.attention.pack import RowInput
     from tgix.engine.request import SamplingParams
     from tgix.engine.runner import RowSampling, Runner
 

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tgix.engine.batch import RowInput, pack_step
+from tgix.attention.contract import METADATA_FIELDS, AttentionMetadata
+from tgix.attention.pack import RowInput
 from tgix.engine.kv_cache import init_kv_pages
-from tgix.models.attention import METADATA_FIELDS, AttentionMetadata
 
 
 class PagedDriver:
@@ -20,7 +20,8 @@ class PagedDriver:
 
     def __init__(self, model, cfg, mesh, *, page_size=4, num_pages=64, pages_per_row=16):
         self.cfg, self.page_size, self.pages_per_row = cfg, page_size, pages_per_row
-        self.kv = init_kv_pages(cfg, num_pages, page_size, mesh=mesh)
+        self.attention = model.attention
+        self.kv = init_kv_pages(cfg, num_pages, page_size, mesh=mesh, attention=self.attention)
         self.free = list(range(num_pages - 1, 0, -1))  # page 0 is the null page
         self.pages: dict[str, list[int]] = {}
         self.lengths: dict[str, int] = {}
@@ -51,7 +52,7 @@ class PagedDriver:
             rows.append(RowInput(list(ids), start, list(self._grow(request, start + len(ids)))))
             self.lengths[request] = start + len(ids)
         total = sum(len(r.token_ids) for r in rows)
-        arrays = pack_step(
+        arrays = self.attention.pack(
             rows,
             page_size=self.page_size,
             num_tokens=num_tokens or total,

@@ -1,7 +1,7 @@
 """Pure, `jax.jit`-compatible batched generation for JAX users: prompts in, tokens out.
 
 `generate(graphdef, params, prompt_ids, prompt_lens, max_new_tokens=...)` runs the same paged
-decoder the engine serves, but with everything the host packer (tgix.engine.batch.pack_step)
+decoder the engine serves, but with everything the host packer (tgix.attention.pack.pack_step)
 does rebuilt from device arrays, so the whole loop is one XLA program that can be jitted on
 its own or traced inside other jitted JAX code:
 
@@ -27,8 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from tgix.models.attention import AttentionMetadata
-from tgix.models.llama import LayerKV
+from tgix.attention.contract import AttentionMetadata, LayerKV
 
 __all__ = ["STATIC_ARGNAMES", "GenerateOutput", "generate", "jit_generate", "split_model"]
 
@@ -90,7 +89,8 @@ def generate(
     first_page = 1 + jnp.arange(batch, dtype=jnp.int32) * pages_per_row  # [B]
     page_table = first_page[:, None] + jnp.arange(pages_per_row, dtype=jnp.int32)  # [B, P]
     dtype = kv_dtype or model.embed_tokens.embedding[...].dtype
-    shape = (batch * pages_per_row + 1, page_size, cfg.num_kv_heads, cfg.head_dim)
+    num_pages = batch * pages_per_row + 1
+    shape = model.attention.kv_shape(num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
     kv_pages = tuple(
         LayerKV(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)
     )

@@ -21,12 +21,13 @@ import time
 
 import numpy as np
 
-from tgix.engine.batch import RowInput, pack_step
+from tgix.attention.contract import METADATA_FIELDS
+from tgix.attention.pack import RowInput
+from tgix.attention.xla import SHORT_ROW
 from tgix.engine.buckets import StepShape
 from tgix.engine.request import SamplingParams
 from tgix.engine.sampling import SamplingArrays
 from tgix.engine.sampling_host import pack_sampling
-from tgix.models.attention import METADATA_FIELDS, SHORT_ROW
 
 logger = logging.getLogger(__name__)
 MAX_TOKENS = 512  # largest prompt step warmed (~0.3 s of compute on the default model)
@@ -101,7 +102,7 @@ def _model(runner, shape: StepShape) -> None:
             chunks = [min(longest, SHORT_ROW)] + ([longest] if longest > SHORT_ROW else [])
             steps = [[decode, row(n, start)] for n in chunks]
     for rows in steps:
-        packed = pack_step(
+        packed = runner.attention.pack(
             rows,
             page_size=page,
             num_tokens=t,

@@ -27,7 +27,9 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tgix.engine.batch import HostStep, pack_step
+from tgix.attention.backend import AttentionBackend
+from tgix.attention.contract import METADATA_FIELDS, AttentionMetadata
+from tgix.engine.batch import HostStep
 from tgix.engine.buckets import Buckets, StepShape
 from tgix.engine.executable_cache import ExecutableCache
 from tgix.engine.kv_cache import init_kv_pages
@@ -36,7 +38,6 @@ from tgix.engine.sampling import SamplingArrays, sample, token_logprobs
 from tgix.engine.sampling_host import pack_history, pack_sampling
 from tgix.engine.token_mask import ALL_ALLOWED, apply_token_mask
 from tgix.models import LoadedModel
-from tgix.models.attention import METADATA_FIELDS, AttentionMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +135,11 @@ class Runner:
         prompt_lp = token_logprobs(logits, next_ids, vocab_limit=self._vocab_limit)  # [T]
         return whole(logits[logits_indices]), whole(prompt_lp), kv
 
+    @functools.cached_property
+    def attention(self) -> AttentionBackend:
+        """The model's attention backend (its `pack` lays out every step)."""
+        return nnx.merge(self._graphdef, self._state).attention
+
     def _describe(self, *what) -> str:
         """Everything that shapes a compiled program besides tgix's source and jax itself."""
         if self._base_description is None:
@@ -141,9 +147,8 @@ class Runner:
             arrays = [
                 (jax.tree_util.keystr(k), a.shape, str(a.dtype), str(a.sharding)) for k, a in leaves
             ]
-            model = nnx.merge(self._graphdef, self._state)
-            backend = model.layers[0].self_attn.backend
             c = self.config
+            backend = self.attention.name
             knobs = (c.num_top, self._vocab_limit, c.watermark_gamma, c.watermark_delta, backend)
             self._base_description = repr((self.cfg, knobs, dict(self.mesh.shape), arrays))
         return repr(what) + self._base_description
@@ -286,7 +291,7 @@ class Runner:
         those ids are read back. `token_masks`: per row a grammar's packed allowed-token
         words [W] uint32, or None (unconstrained)."""
         shape = self.config.buckets.shape_for(rows, all_logits=prompt_logprobs)
-        packed = pack_step(
+        packed = self.attention.pack(
             rows,
             page_size=self.config.page_size,
             num_tokens=shape.num_tokens,

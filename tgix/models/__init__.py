@@ -10,11 +10,12 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from tgix.attention.contract import LayerKV
 from tgix.models.checkpoint import CheckpointError, SafetensorsSource
 from tgix.models.config import ModelConfig, UnsupportedModelError
 from tgix.models.gguf import GGUFSource
 from tgix.models.hub import ModelFiles, resolve_model
-from tgix.models.llama import LayerKV, LlamaForCausalLM
+from tgix.models.llama import LlamaForCausalLM
 from tgix.models.weights import load_weights
 from tgix.sharding import check_fits, kv_repeats, mesh_for_model
 

@@ -23,9 +23,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tgix.models.attention import (
-    _MASKED,
-    AttentionMetadata,
+from tgix.attention.contract import MASKED, AttentionMetadata
+from tgix.attention.xla import (
     _softmax_init,
     _softmax_step,
     block_sizes,
@@ -69,7 +68,7 @@ def mixed_attention(
         [(0, 0), (0, 0), (0, padded - head)] + [(0, 0)] * (x.ndim - 3),
         constant_values=fill,
     )
-    head_carry = (to_blocks(m, _MASKED), to_blocks(denom, 0.0), to_blocks(acc, 0.0))
+    head_carry = (to_blocks(m, MASKED), to_blocks(denom, 0.0), to_blocks(acc, 0.0))
 
     def run(block):
         block = min(block, t)
@@ -168,7 +167,7 @@ class _Pages:
             scores = jnp.einsum("kgqh,kch->kgqc", q_blk, k_c.astype(jnp.float32))
             kv_pos = i * self.chunk + jnp.arange(self.chunk, dtype=jnp.int32)[None, :]
             valid = self._valid(kv_pos, hist, q_pos) & mine[:, None]  # [Q, C]
-            scores = jnp.where(valid[None, None], scores, _MASKED)
+            scores = jnp.where(valid[None, None], scores, MASKED)
             return _softmax_step(carry, scores, v_c.astype(jnp.float32), "kgqc,kch->kgqh")
 
         return jax.lax.fori_loop(0, (hist + self.chunk - 1) // self.chunk, chunk, carry)

@@ -5,9 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tgix.engine.batch import RowInput, pack_step
-from tgix.models.attention import METADATA_FIELDS, AttentionMetadata, reference_attention
-from tgix.models.attention_mixed import mixed_attention
+from tgix.attention.contract import METADATA_FIELDS, AttentionMetadata
+from tgix.attention.pack import RowInput, pack_step
+from tgix.attention.reference import reference_attention
+from tgix.attention.xla_mixed import mixed_attention
 
 N, K, H, PAGE = 6, 2, 8, 4
 

@@ -1,18 +1,14 @@
-"""Reference paged attention against a per-token numpy loop over contiguous histories."""
+"""The reference and the XLA paths (paged, prefill) against a per-token numpy loop over
+contiguous histories."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tgix.engine.batch import RowInput, pack_step
-from tgix.models.attention import (
-    METADATA_FIELDS,
-    AttentionMetadata,
-    paged_attention,
-    prefill_attention,
-    reference_attention,
-    write_kv,
-)
+from tgix.attention.contract import METADATA_FIELDS, AttentionMetadata, write_kv
+from tgix.attention.pack import RowInput, pack_step
+from tgix.attention.reference import reference_attention
+from tgix.attention.xla import paged_attention, prefill_attention
 
 N, K, H, PAGE = 6, 2, 8, 4
 FIELDS = METADATA_FIELDS
@@ -109,13 +105,3 @@ def test_paged_equals_reference_over_many_chunks(window):
     got = paged_attention(q, k_pages, v_pages, md, sliding_window=window, chunk_pages=2)
     np.testing.assert_allclose(np.asarray(got)[:3], np.asarray(want)[:3], atol=2e-5)
     assert np.isfinite(np.asarray(got)).all()
-
-
-def test_unknown_backend_is_refused():
-    from tgix import build_model, testing
-    from tgix.models.config import ModelConfig
-
-    cfg = ModelConfig.from_hf(testing.tiny_hf_config("llama"))
-    known = "known: \\['paged', 'reference'\\]"
-    with pytest.raises(ValueError, match=f"attention backend 'pallas'; {known}"):
-        build_model(cfg, attention="pallas", abstract=True)

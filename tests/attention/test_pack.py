@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tgix.engine.batch import RowInput, pack_step
+from tgix.attention.pack import RowInput, pack_step
 
 
 def test_two_rows_prefill_and_decode_exact_arrays():

@@ -1,96 +1,25 @@
-"""The paged-attention contract (metadata + KV page layout) and its pure-jnp reference backend.
+"""The XLA paths of the "paged" backend: fresh-row prefill, paged decode, and the pieces the
+mixed steps (xla_mixed.py) reuse.
 
-KV pages, per layer: k_pages and v_pages of shape [num_pages, page_size, K, H]. Page 0 is the
-null page: padding tokens write there and padded page-table entries point there, and it is
-never read unmasked. A step packs the new tokens of several requests (rows) on one token axis T;
-the metadata says, per token, where its K/V go and which row it belongs to, and per row, which
-pages hold its history. Faster backends (Pallas) implement the same `attend` signature.
+prefill_attention  steps whose rows all start at 0: no page is read; block-sparse over the
+                   step's own K/V (each query block reads key blocks from its row's start only)
+paged_attention    any step (the decode path: one token per row): online softmax over page
+                   chunks, the loop bounded by the longest row
+Both equal reference_attention (tgix.attention.reference); softmax in float32.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
-# Finite, so a padding token whose row is empty gets a uniform (discarded) average, not NaN.
-_MASKED = -1e30
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class AttentionMetadata:
-    """Per-step device arrays; built on the host by tgix.engine.batch.pack_step.
-
-    positions     [T] int32  absolute position of each token in its request
-    slot_mapping  [T] int32  page * page_size + offset where the token's K/V are written (0: pad)
-    token_rows    [T] int32  row (request) of each token
-    cu_q_lens     [R+1] int32 start of each row's tokens on the T axis (for kernel backends)
-    kv_lens       [R] int32  KV length of each row after this step (0 for padding rows)
-    page_table    [R, P] int32 pages of each row in position order, padded with 0
-    """
-
-    positions: jax.Array
-    slot_mapping: jax.Array
-    token_rows: jax.Array
-    cu_q_lens: jax.Array
-    kv_lens: jax.Array
-    page_table: jax.Array
-
-
-METADATA_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionMetadata))
-
-
-def write_kv(pages: jax.Array, new: jax.Array, slot_mapping: jax.Array) -> jax.Array:
-    """Scatter new K or V [T, K, H] into pages [num_pages, page_size, K, H] at slot_mapping."""
-    page_size = pages.shape[1]
-    page, offset = slot_mapping // page_size, slot_mapping % page_size
-    new = new.astype(pages.dtype)
-    if new.shape[0] == 1:
-        return jax.lax.dynamic_update_slice(pages, new[None], (page[0], offset[0], 0, 0))
-    return pages.at[page, offset].set(new, mode="promise_in_bounds")
-
-
-def reference_attention(
-    q: jax.Array,
-    k_pages: jax.Array,
-    v_pages: jax.Array,
-    md: AttentionMetadata,
-    *,
-    sliding_window: int | None = None,
-) -> jax.Array:
-    """Masked GQA over each token's row of pages, softmax in float32: the correctness oracle.
-
-    q [T, N, H]; k_pages, v_pages [num_pages, page_size, K, H] (already holding this step's
-    K/V); returns [T, N, H] in q's dtype. Memory is O(T * S * K * H) with S = P * page_size,
-    fine for tests and small steps; kernel backends replace it where speed matters.
-    """
-    t, n, h = q.shape
-    _, page_size, k, _ = k_pages.shape
-    g = n // k
-    pages_of_token = md.page_table[md.token_rows]  # [T, P]
-    s = pages_of_token.shape[1] * page_size
-    k_tok = k_pages[pages_of_token].reshape(t, s, k, h)  # [T, S, K, H]
-    v_tok = v_pages[pages_of_token].reshape(t, s, k, h)  # [T, S, K, H]
-    q_grouped = q.reshape(t, k, g, h).astype(jnp.float32)
-    scores = jnp.einsum("tkgh,tskh->tkgs", q_grouped, k_tok.astype(jnp.float32)) * h**-0.5
-
-    kv_pos = jnp.arange(s, dtype=jnp.int32)[None, :]  # [1, S]
-    q_pos = md.positions[:, None]  # [T, 1]
-    valid = (kv_pos <= q_pos) & (kv_pos < md.kv_lens[md.token_rows][:, None])  # [T, S]
-    if sliding_window is not None:
-        valid &= kv_pos > q_pos - sliding_window  # transformers: kv > q - window
-    scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1)  # [T, K, G, S] float32
-    out = jnp.einsum("tkgs,tskh->tkgh", probs, v_tok.astype(jnp.float32))
-    return out.reshape(t, n, h).astype(q.dtype)
+from tgix.attention.contract import MASKED, AttentionMetadata
 
 
 def _softmax_init(shape: tuple[int, ...], head_dim: int):
     """Running max, denominator ([*shape]) and weighted sum ([*shape, H]) of an online softmax."""
     return (
-        jnp.full(shape, _MASKED, jnp.float32),
+        jnp.full(shape, MASKED, jnp.float32),
         jnp.zeros(shape, jnp.float32),
         jnp.zeros((*shape, head_dim), jnp.float32),
     )
@@ -166,7 +95,7 @@ def causal_blocks(q, k_new, v_new, md: AttentionMetadata, block_init, *, sliding
     """prefill_attention's loop, starting each query block from `block_init(qb, start, q_blk
     [K, G, Q, H] (scaled), q_rows [Q], q_pos [Q])`: a softmax carry ([K, G, Q] max and
     denominator, [K, G, Q, H] sum) that may already hold attention to earlier KV (paged
-    history, see attention_mixed). Returns [T, N, H]."""
+    history, see xla_mixed). Returns [T, N, H]."""
     t, n, h = q.shape
     block = min(block or 256, t)
     num_blocks = -(-t // block)
@@ -202,7 +131,7 @@ def causal_blocks(q, k_new, v_new, md: AttentionMetadata, block_init, *, sliding
             if sliding_window is not None:
                 valid &= k_pos[None, :] > q_pos[:, None] - sliding_window
             scores = jnp.einsum("kgqh,ksh->kgqs", q_blk, k_blk)
-            scores = jnp.where(valid[None, None], scores, _MASKED)
+            scores = jnp.where(valid[None, None], scores, MASKED)
             return _softmax_step(carry, scores, v_blk, "kgqs,ksh->kgqh")
 
         # a block that starts in padding reads nothing; else from its first row's start
@@ -263,7 +192,7 @@ def token_pages(
     into an online softmax: q_grouped [S, K, G, H] (scaled), pages_of_token [S, P'] (P' a
     multiple of chunk_pages), limit [S, 1] (positions below it are seen), q_pos [S],
     `longest` the loop bound in positions. Returns the carry: max and denominator [S, K, G],
-    sum [S, K, G, H]. Shared by paged_attention and attention_mixed's per-token pass."""
+    sum [S, K, G, H]. Shared by paged_attention and xla_mixed's per-token pass."""
     s, k, g, h = q_grouped.shape
     chunk = chunk_pages * k_pages.shape[1]
 
@@ -276,13 +205,8 @@ def token_pages(
         valid = kv_pos < limit  # [S, C]
         if sliding_window is not None:
             valid &= kv_pos > q_pos[:, None] - sliding_window
-        scores = jnp.where(valid[:, None, None, :], scores, _MASKED)
+        scores = jnp.where(valid[:, None, None, :], scores, MASKED)
         return _softmax_step(carry, scores, v_c, "tkgc,tckh->tkgh")
 
     num_chunks = (longest + chunk - 1) // chunk
     return jax.lax.fori_loop(0, num_chunks, body, _softmax_init((s, k, g), h))
-
-
-# name -> attend(q, k_pages, v_pages, md, *, sliding_window) -> [T, N, H]. Kernel backends
-# (Pallas for GPU/TPU) register here and are tested against "reference".
-ATTENTION_BACKENDS = {"reference": reference_attention, "paged": paged_attention}

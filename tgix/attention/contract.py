@@ -1,0 +1,81 @@
+"""The paged-attention contract every backend shares: step metadata, one layer's KV pages,
+the page layout and the K/V write.
+
+KV page layout (PagedLayout): per layer, k and v of shape [num_pages, page_size, K, H]. Page 0
+is the null page: padding tokens write there and padded page-table entries point there, and it
+is never read unmasked. A step packs the new tokens of several requests (rows) on one token
+axis T; the metadata says, per token, where its K/V go and which row it belongs to, and per
+row, which pages hold its history. A backend with another layout (a ragged kernel's) gives its
+own kv_shape, pack and write; LayerKV then holds arrays of its kv_shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+
+from tgix.attention.pack import pack_step
+
+# Finite, so a padding token whose row is empty gets a uniform (discarded) average, not NaN.
+MASKED = -1e30
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttentionMetadata:
+    """Per-step device arrays; built on the host by the backend's `pack`.
+
+    positions     [T] int32  absolute position of each token in its request
+    slot_mapping  [T] int32  page * page_size + offset where the token's K/V are written (0: pad)
+    token_rows    [T] int32  row (request) of each token
+    cu_q_lens     [R+1] int32 start of each row's tokens on the T axis (for kernel backends)
+    kv_lens       [R] int32  KV length of each row after this step (0 for padding rows)
+    page_table    [R, P] int32 pages of each row in position order, padded with 0
+    """
+
+    positions: jax.Array
+    slot_mapping: jax.Array
+    token_rows: jax.Array
+    cu_q_lens: jax.Array
+    kv_lens: jax.Array
+    page_table: jax.Array
+
+
+METADATA_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionMetadata))
+
+
+def write_kv(pages: jax.Array, new: jax.Array, slot_mapping: jax.Array) -> jax.Array:
+    """Scatter new K or V [T, K, H] into pages [num_pages, page_size, K, H] at slot_mapping."""
+    page_size = pages.shape[1]
+    page, offset = slot_mapping // page_size, slot_mapping % page_size
+    new = new.astype(pages.dtype)
+    if new.shape[0] == 1:
+        return jax.lax.dynamic_update_slice(pages, new[None], (page[0], offset[0], 0, 0))
+    return pages.at[page, offset].set(new, mode="promise_in_bounds")
+
+
+class LayerKV(NamedTuple):
+    """One layer's KV pages: k and v, each of the backend's kv_shape ([num_pages, page_size,
+    K, H] in the page layout)."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+class PagedLayout:
+    """The page layout above, for the backends that keep it: kv_shape, the host `pack`
+    (pack_step's arrays) and the K/V write."""
+
+    pack = staticmethod(pack_step)
+
+    @staticmethod
+    def kv_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int):
+        """[num_pages, page_size, K, H] for one layer's k (and v)."""
+        return (num_pages, page_size, num_kv_heads, head_dim)
+
+    @staticmethod
+    def write(kv: LayerKV, k: jax.Array, v: jax.Array, md: AttentionMetadata) -> LayerKV:
+        """kv with this step's k, v [T, K, H] written at md.slot_mapping."""
+        return LayerKV(write_kv(kv.k, k, md.slot_mapping), write_kv(kv.v, v, md.slot_mapping))
