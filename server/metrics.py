@@ -127,7 +127,7 @@ class RequestMetrics:
 
 
 class EngineGauges(Collector):
-    """Queue and batch gauges, read from engine.stats() when scraped."""
+    """Queue, batch and KV-page gauges, read from engine.stats() when scraped."""
 
     def __init__(self, engine, limits: EngineLimits):
         self.engine = engine
@@ -139,6 +139,15 @@ class EngineGauges(Collector):
             ("tgi_queue_size", "queue_size", "Waiting requests"),
             ("tgi_batch_current_size", "batch_size", "Running requests"),
             ("tgi_batch_current_max_tokens", "batch_max_tokens", "KV tokens held"),
+            # tgix extensions (TGI has no prefix-cache metric): the KV pages by state
+            ("tgix_kv_free_pages", "free_pages", "KV pages free"),
+            ("tgix_kv_used_pages", "used_pages", "KV pages held by requests"),
+            ("tgix_prefix_cache_cached_pages", "cached_pages", "Unheld pages kept for reuse"),
+            ("tgix_prefix_cache_shared_pages", "shared_pages", "Pages held by 2+ requests"),
+            ("tgix_prefix_cache_hit_tokens", "prefix_hit_tokens", "Prompt tokens from cache"),
+            ("tgix_prefix_cache_lookup_tokens", "prefix_lookup_tokens", "Prompt tokens looked up"),
+            ("tgix_prefix_cache_hit_rate", "prefix_hit_rate", "Hit tokens / looked-up tokens"),
+            ("tgix_prefix_cache_evictions", "prefix_evictions", "Cached pages evicted"),
         ):
             yield GaugeMetricFamily(name, doc, value=float(stats.get(key, 0.0)))
         yield GaugeMetricFamily(

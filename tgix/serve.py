@@ -11,6 +11,14 @@ import sys
 from tgix.models.hub import DEFAULT_MODEL_ID as DEFAULT_MODEL_NAME
 
 
+def env_flag(name: str, *, default: bool) -> bool:
+    """TGI's boolean environment variables: `1`/`true` on, `0`/`false` off (any case)."""
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    return value.strip().lower() not in ("0", "false")
+
+
 def limit_request(settings):
     """The launcher's token-limit flags as the engine's LimitRequest (None: derive)."""
     from tgix.engine.limits import LimitRequest
@@ -23,7 +31,7 @@ def limit_request(settings):
         max_batch_size=settings.max_batch_size,
         max_waiting_tokens=settings.max_waiting_tokens,
         waiting_served_ratio=settings.waiting_served_ratio,
-        chunked_prefill=os.environ.get("TGIX_CHUNKED_PREFILL", "0") == "1",
+        chunked_prefill=env_flag("PREFILL_CHUNKING", default=False),
     )
 
 
@@ -91,6 +99,7 @@ def build_engine(settings):
     options = EngineOptions(
         max_top_n_tokens=settings.max_top_n_tokens,
         prompt_logprobs=settings.enable_prefill_logprobs,
+        prefix_caching=env_flag("PREFIX_CACHING", default=True),
         watermark_gamma=settings.watermark_gamma if settings.watermark_gamma is not None else 0.5,
         watermark_delta=settings.watermark_delta if settings.watermark_delta is not None else 2.0,
         progress=sys.stderr.isatty() or os.environ.get("TGIX_PROGRESS") == "1",

@@ -7,6 +7,8 @@ import time
 import numpy as np
 import pytest
 
+from tests.engine.fake_device import Device
+
 LIMITS = dict(
     max_total_tokens=96,
     max_batch_prefill_tokens=96,
@@ -58,14 +60,22 @@ def engine(tiny_checkpoints, xla_cache):
 
 @pytest.fixture(autouse=True)
 def pages_return(request):
-    """Every test that uses an engine ends with all its pages free."""
+    """Every test that uses an engine ends with all its pages free or cached."""
     if "engine" not in request.fixturenames:
         yield
         return
     eng = request.getfixturevalue("engine")
-    free_before = wait_idle(eng)["free_pages"]
+    wait_idle(eng)
     yield
-    assert wait_idle(eng)["free_pages"] == free_before == eng.runner.config.num_pages - 1
+    assert_pages_back(eng)
+
+
+def assert_pages_back(eng):
+    """Idle, and every page free or cached: none held, no reference count above zero."""
+    s = wait_idle(eng)
+    assert s["free_pages"] + s["cached_pages"] == eng.runner.config.num_pages - 1
+    kv = eng.scheduler.kv
+    assert all(kv.refcount(p) == 0 for p in range(kv.num_pages))
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +98,22 @@ def driver_greedy(tiny_checkpoints):
         return out
 
     return continue_
+
+
+@pytest.fixture
+def make():
+    """Scheduler + Device factory; at teardown every page must be back in the pool."""
+    made = []
+
+    from tgix.engine.kv_manager import KVManager
+    from tgix.engine.scheduler import Scheduler, SchedulerConfig
+
+    def make(num_pages: int, page_size: int, caching: bool = False, **config) -> Device:
+        pool = KVManager(num_pages, page_size, prefix_caching=caching)
+        made.append(pool)
+        return Device(Scheduler(SchedulerConfig(**config), pool))
+
+    yield make
+    for pool in made:  # every page free or cached, none held
+        assert (pool.num_free + pool.num_cached, pool.num_used) == (pool.num_pages - 1, 0)
+        assert all(pool.refcount(p) == 0 for p in range(pool.num_pages))

@@ -256,7 +256,18 @@ def test_mixed_traffic_after_warmup_compiles_nothing(engine):
         ]
         for s in streams:
             list(s)
+        # cache hits: prompts starting with the last one's 64 tokens (16 full pages), with
+        # and without decode rows beside them
+        hits = wait_idle(engine)["prefix_hit_tokens"]
+        shared = prompt(107, 64)
+        streams = [
+            engine.submit(greedy(4 + i, prompt_ids=shared[: 8 + 8 * i] + prompt(300 + i, 2 + i)))
+            for i in range(6)
+        ]
+        for s in streams:
+            list(s)
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []
     assert wait_idle(engine)["steps"] > 0
+    assert wait_idle(engine)["prefix_hit_tokens"] - hits >= sum(8 + 8 * i for i in range(6))

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from tests.engine.conftest import make_engine, wait_idle
+from tests.engine.conftest import assert_pages_back, make_engine
 from tests.engine.test_engine import greedy, ids, prompt, run
 from tgix import testing
 
 
 def _pages_back(eng):
-    assert wait_idle(eng)["free_pages"] == eng.runner.config.num_pages - 1
+    assert_pages_back(eng)
 
 
 def _assert_driver_ids(eng, prompts, n, driver_greedy):

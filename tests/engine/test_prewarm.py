@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from tests.engine.conftest import make_engine, wait_idle
+from tests.engine.conftest import assert_pages_back, make_engine
 from tests.engine.test_engine import greedy, ids, prompt
 from tgix.engine.prewarm import Prewarmer
 
@@ -35,7 +35,7 @@ def test_prewarm_runs_every_cheap_shape_once_and_changes_nothing(
         streams = [eng.submit(greedy(8, prompt_ids=p)) for p in prompts]
         for p, s in zip(prompts, streams, strict=True):
             assert ids(list(s)[-1]) == driver_greedy(p, 8)  # KV writes went to page 0 only
-        assert wait_idle(eng)["free_pages"] == eng.runner.config.num_pages - 1
+        assert_pages_back(eng)
     finally:
         eng.shutdown()
 

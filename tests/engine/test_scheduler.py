@@ -5,75 +5,11 @@ import random
 
 import pytest
 
-from tgix.engine.batch import pack_step
-from tgix.engine.pages import PageAllocator
-from tgix.engine.scheduler import Scheduler, SchedulerConfig, Status
-
-
-def tok(rid: str, pos: int) -> int:
-    """The mock sampler: deterministic in (request, position), so recompute repeats it."""
-    return sum(map(ord, rid)) * 1000 + pos
-
-
-def alone(prompt_len: int, rid: str, max_new: int) -> list[int]:
-    return [tok(rid, prompt_len + k) for k in range(max_new)]
-
-
-class Device:
-    """Runs a step: writes each row's tokens into its pages, reads the whole context back from
-    the pages and checks it equals prompt + outputs, then samples `tok` for producing rows."""
-
-    def __init__(self, sched: Scheduler):
-        self.sched, self.kv, self.seqs, self.log = sched, {}, {}, []
-
-    def add(self, rid: str, prompt_len: int, max_new: int):
-        prompt = [tok("p" + rid, i) for i in range(prompt_len)]
-        self.seqs[rid] = seq = self.sched.add(rid, prompt, max_new)
-        return seq
-
-    def step(self, step=None) -> list[str]:
-        step = step or self.sched.schedule()
-        assert step is not None
-        ps = self.sched.allocator.page_size
-        self.log.append([(r.request_id, len(r.token_ids), r.is_prefill) for r in step.rows])
-        sampled = {}
-        for r in step.rows:
-            end = r.start_pos + len(r.token_ids)
-            for i, t in enumerate(r.token_ids):
-                pos = r.start_pos + i
-                self.kv[r.pages[pos // ps], pos % ps] = t
-            seq = self.seqs[r.request_id]
-            assert [self.kv[r.pages[p // ps], p % ps] for p in range(end)] == (
-                seq.prompt_ids + seq.output_ids
-            )[:end]
-            if r.produces_token:
-                sampled[r.request_id] = tok(r.request_id, end)
-        held = sum(len(s.pages) for s in self.seqs.values())
-        assert held <= self.sched.page_limit
-        return self.sched.on_step_done(step, sampled)
-
-    def run(self, max_steps: int = 500) -> None:
-        for _ in range(max_steps):
-            step = self.sched.schedule()
-            if step is None:
-                return
-            self.step(step)
-        raise AssertionError("did not finish")
-
-
-@pytest.fixture
-def make():
-    """Scheduler + Device factory; at teardown every page must be back in the pool."""
-    made = []
-
-    def make(num_pages: int, page_size: int, **config) -> Device:
-        pool = PageAllocator(num_pages, page_size)
-        made.append((pool, pool.num_free))
-        return Device(Scheduler(SchedulerConfig(**config), pool))
-
-    yield make
-    for pool, free0 in made:
-        assert (pool.num_free, pool.num_used) == (free0, 0)
+from tests.engine.fake_device import alone
+from tgix.attention.pack import pack_step
+from tgix.engine.kv_manager import KVManager
+from tgix.engine.request_state import Status
+from tgix.engine.scheduler import Scheduler, SchedulerConfig
 
 
 def test_config_validation():
@@ -88,7 +24,7 @@ def test_config_validation():
         with pytest.raises(ValueError, match=next(iter(bad))):
             SchedulerConfig(**bad)
     with pytest.raises(ValueError, match="one page"):
-        Scheduler(SchedulerConfig(max_batch_total_tokens=15), PageAllocator(4, 16))
+        Scheduler(SchedulerConfig(max_batch_total_tokens=15), KVManager(4, 16))
 
 
 def test_max_new_tokens_finishes_with_length_and_rows_pack(make):
@@ -96,7 +32,7 @@ def test_max_new_tokens_finishes_with_length_and_rows_pack(make):
     seq = dev.add("a", 5, 3)
     step = dev.sched.schedule()
     (row,) = step.rows
-    assert (row.start_pos, row.token_ids, row.is_prefill, row.produces_token) == (
+    assert (row.start_pos, row.token_ids, row.is_prompt, row.produces_token) == (
         0,
         tuple(seq.prompt_ids),
         True,
@@ -162,7 +98,7 @@ def test_chunked_partial_prefill_rows_produce_no_token(make):
     step = dev.sched.schedule()
     assert [(r.start_pos, r.produces_token) for r in step.rows] == [(0, False)]
     with pytest.raises(ValueError, match="produce none"):
-        dev.sched.on_step_done(step, {"a": 1})
+        dev.sched.on_step_done(step, {"a": [1]})
     assert dev.step(step) == []
     assert dev.step() == ["a"]
     assert dev.log == [[("a", 4, True)], [("a", 2, True)]]
@@ -176,7 +112,7 @@ def test_total_token_budget_below_pool(make):
     dev.add("r2", 5, 1)
     step = dev.sched.schedule()
     assert step.request_ids == ["r0", "r1"]  # r2 needs 2 more pages than the budget leaves
-    assert (dev.sched.stats()["held_pages"], dev.sched.allocator.num_free) == (4, 96)
+    assert (dev.sched.stats()["held_pages"], dev.sched.kv.num_free) == (4, 96)
     assert dev.step(step) == ["r0", "r1"]
     dev.run()
     assert dev.log[1:] == [[("r2", 5, True)]]
@@ -270,7 +206,7 @@ def test_cancel_waiting_and_running_frees_pages(make):
     dev.add("run", 6, 10)
     dev.add("wait", 6, 10)
     dev.step()
-    pool = dev.sched.allocator
+    pool = dev.sched.kv
     assert (pool.num_free, dev.sched.num_running, dev.sched.num_waiting) == (6, 1, 1)
     dev.sched.finish("wait", "cancelled")
     dev.sched.finish("wait", "cancelled")  # idempotent
@@ -278,7 +214,7 @@ def test_cancel_waiting_and_running_frees_pages(make):
     step = dev.sched.schedule()
     dev.sched.finish("run", "cancelled")  # while its step is in flight
     assert pool.num_free == 8
-    assert dev.sched.on_step_done(step, {"run": 7}) == []  # its token is ignored
+    assert dev.sched.on_step_done(step, {"run": [7]}) == []  # its token is ignored
     assert dev.seqs["run"].output_ids == alone(6, "run", 1)
     assert [dev.seqs[r].finish_reason for r in ("run", "wait")] == ["cancelled"] * 2
     assert dev.sched.schedule() is None
@@ -321,11 +257,11 @@ def test_step_protocol_errors(make):
     step = dev.sched.schedule()
     with pytest.raises(RuntimeError, match="on_step_done"):
         dev.sched.schedule()
-    with pytest.raises(ValueError, match="no sampled token"):
+    with pytest.raises(ValueError, match="no accepted tokens"):
         dev.sched.on_step_done(step, {})
     dev.step(step)
     with pytest.raises(ValueError, match="in flight"):
-        dev.sched.on_step_done(step, {"a": 1})
+        dev.sched.on_step_done(step, {"a": [1]})
     dev.run()
 
 
@@ -370,7 +306,7 @@ def test_failed_step_errors_its_rows_and_frees_pages(make):
     for rid in step.request_ids:
         dev.sched.finish(rid, "error")
     assert dev.sched.on_step_done(step, {}) == []
-    assert dev.sched.allocator.num_free == 8 and dev.sched.schedule() is None
+    assert dev.sched.kv.num_free == 8 and dev.sched.schedule() is None
     assert [dev.seqs[r].output_ids for r in ("a", "b")] == [[], []]
 
 
@@ -379,7 +315,9 @@ def test_host_modules_do_not_import_jax():
     import sys
 
     code = (
-        "import sys, tgix.engine.scheduler, tgix.engine.pages, tgix.engine.batch; "
+        "import sys, tgix.engine.scheduler, tgix.engine.kv_manager, tgix.engine.plan, "
+        "tgix.engine.request_state, tgix.engine.runahead, tgix.engine.commit, "
+        "tgix.engine.batch, tgix.attention.pack; "
         "sys.exit(int('jax' in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -2,8 +2,10 @@
 
 Like TGI, each sequence runs as its own sub-request with its own random seed (TGI refuses a
 user seed with best_of > 1); the reply is the sequence with the highest mean token logprob
-and the others ride along as `best_of_sequences`. The sub-requests do not share prompt pages
-yet: each prefills its own copy.
+and the others ride along as `best_of_sequences`. The sub-requests are queued together, so
+the later ones wait for the first to compute the prompt and then start past its full pages
+(the prefix cache): the prompt's pages are held once, only the partial last page and the tail
+are per sequence.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ XLA compiles one executable per shape, so every step is padded up to a bucket ch
 fixed, finite set that the runner compiles ahead of time. Three shape families:
 
   fresh  every row starts at position 0 (a plain prefill): T tokens, R rows, no page reads
-  paged  rows read KV from pages (decode, chunked prefill): T tokens, R rows, P pages per row
+  paged  rows read KV from pages (decode; prompt chunks and prompts past a cached prefix):
+         T tokens, R rows, P pages per row
   sample the sampler per R rows and L history ids (L = 1 when no row uses penalties)
 
 Fresh T buckets step by 2x and 1.5x alternately from 32 (48, 64, 96, 128, ...): a prompt step
@@ -72,7 +73,7 @@ class Buckets:
     decode_rows: tuple[int, ...]  # R (= T) of decode steps
     max_rows: int
     pages_per_row: int  # P of paged steps
-    mixed_tokens: tuple[int, ...]  # T of chunked-prefill steps (empty: classic scheduling)
+    mixed_tokens: tuple[int, ...]  # T of paged steps with prompt rows (empty: fresh only)
     history: tuple[int, ...]  # L of the sampler (1 = no penalties in the step)
     prompt_logprobs: bool
 
@@ -85,18 +86,26 @@ class Buckets:
         max_total_tokens: int,
         page_size: int,
         chunked_prefill: bool = False,
+        prefix_caching: bool = False,
         prompt_logprobs: bool = False,
     ) -> Buckets:
         # A recomputed (preempted) request is prefilled whole, up to max_total_tokens; and a
         # prefill of max_batch_size short prompts needs a T with rows_for(T) rows.
         longest = max(max_batch_prefill_tokens, max_total_tokens, 16 * max_batch_size)
         prefill_tokens = _half_octaves(16, longest)
+        # Paged steps with prompt rows: chunks (their steps hold at most the prefill budget)
+        # or, without chunking, prompts past a cached prefix (a prefill step of any length).
+        mixed = ()
+        if chunked_prefill:
+            mixed = _powers(16, max_batch_prefill_tokens)
+        elif prefix_caching:
+            mixed = _powers(16, longest)
         return cls(
             prefill_tokens=prefill_tokens,
             decode_rows=_powers(1, max_batch_size),
             max_rows=max_batch_size,
             pages_per_row=-(-max_total_tokens // page_size),
-            mixed_tokens=_powers(16, max_batch_prefill_tokens) if chunked_prefill else (),
+            mixed_tokens=mixed,
             history=(1, max_total_tokens),
             prompt_logprobs=prompt_logprobs,
         )
@@ -113,7 +122,10 @@ class Buckets:
                 shapes.append(StepShape(True, t, self.rows_for(t), 0, all_logits=True))
         shapes += [StepShape(False, r, r, self.pages_per_row) for r in self.decode_rows]
         p, r = self.pages_per_row, self.max_rows
-        shapes += [StepShape(False, t, r, p) for t in self.mixed_tokens]
+        for t in self.mixed_tokens:
+            shapes.append(StepShape(False, t, r, p))
+            if self.prompt_logprobs:
+                shapes.append(StepShape(False, t, r, p, all_logits=True))
         return shapes
 
     def sampler_shapes(self) -> list[tuple[int, int]]:
@@ -134,6 +146,7 @@ class Buckets:
             r = bucket_for(len(rows), self.decode_rows)
             return StepShape(False, r, r, self.pages_per_row)
         if not self.mixed_tokens:
-            raise ValueError("a step mixing prefill chunks and paged rows needs chunked_prefill")
+            raise ValueError("a step with prompt rows past position 0 needs the mixed shapes")
         t = bucket_for(num_tokens, self.mixed_tokens)
-        return StepShape(False, t, self.max_rows, self.pages_per_row)
+        logits = all_logits and self.prompt_logprobs
+        return StepShape(False, t, self.max_rows, self.pages_per_row, all_logits=logits)

@@ -1,41 +1,47 @@
 """The engine: one thread that makes every JAX call, turning submitted requests into streams.
 
-Lifecycle of a request: `submit` (any thread) puts it in the inbox and returns its
-RequestStream -> the engine thread hands it to the Scheduler (FCFS queue) -> a step admits
-it (prefill) and later steps decode it -> each step's sampled ids go through its
-RequestOutput (detokenize, stops, EOS) -> events are delivered to the stream, the Completion
-with the last token -> the scheduler frees its pages. `cancel` frees a request's pages at
-the next step boundary. A failing step ends the requests in it with an error and the engine
-keeps serving the others; a watchdog (`healthy`) reports whether steps still complete.
+The loop is inbox -> schedule -> execute -> commit. `submit` (any thread) puts a request in
+the inbox and returns its RequestStream; the engine thread builds its RequestState and queues
+it in the Scheduler; `schedule` returns the next StepPlan (admissions start past a cached
+prefix); `execute` dispatches it to the Runner; `commit` reads it back, records it in the
+scheduler (KV counts, full pages into the prefix cache, accepted ids) and runs each accepted
+token through the request's RequestOutput (detokenize, stops, EOS) to its stream, the
+Completion with the last one; the scheduler then releases its pages. Decode steps may run
+one ahead of their read-back (runahead.py). `cancel` releases a request's pages at the next
+step boundary. A failing step ends the requests in it with an error and the engine keeps
+serving the others; a watchdog (`healthy`) reports whether steps still complete.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import math
 import threading
 import time
 import uuid
 from collections.abc import Callable
 
 from tgix.engine.best_of import BestOfGroup
-from tgix.engine.live import (
-    PLACEHOLDER,
-    InFlight,
-    LiveRequest,
-    admit,
-    can_run_ahead,
-    with_real_tokens,
-)
+from tgix.engine.commit import commit_token, step_result
+from tgix.engine.plan import StepPlan
 from tgix.engine.prewarm import Prewarmer
 from tgix.engine.request import EngineLimits, GenerationError, GenerationRequest, SamplingParams
+from tgix.engine.request_state import RequestState, new_request_state
+from tgix.engine.runahead import (
+    InFlight,
+    can_run_ahead,
+    fill_placeholders,
+    is_same_decode,
+    placeholders,
+    with_real_tokens,
+)
 from tgix.engine.runner import RowSampling, Runner
-from tgix.engine.scheduler import ScheduledStep, Scheduler
+from tgix.engine.scheduler import Scheduler
 from tgix.engine.stream import RequestStream
 
 logger = logging.getLogger(__name__)
 
+NO_ROOM = "request does not fit the KV cache or the prefill budget"
 PREWARM_AFTER_S = 1.0  # idle this long before running warm-up steps
 StepHook = Callable[..., None]  # (kind, duration_s, batch_size, num_tokens, *, ok)
 
@@ -69,7 +75,7 @@ class Engine:
         self._on_step = on_step
         self._inbox: collections.deque = collections.deque()
         self._wake = threading.Event()
-        self._live: dict[str, LiveRequest] = {}
+        self._live: dict[str, RequestState] = {}
         self._stopping = False
         self._ready = False
         self._step_started: float | None = None
@@ -147,8 +153,8 @@ class Engine:
             while not self._stopping:
                 if inflight is None:
                     self._drain_inbox()
-                    step = self.scheduler.schedule()
-                    if step is None:
+                    plan = self.scheduler.schedule()
+                    if plan is None:
                         self._last_step_done = None  # idle time is not a host gap
                         self._idle_since = self._idle_since or time.monotonic()
                         self._refresh_stats()
@@ -158,13 +164,13 @@ class Engine:
                         self._wake.clear()
                         continue
                     self._idle_since = None
-                    inflight = self._dispatch(step, step.rows)
+                    inflight = self._execute(plan, plan.rows)
                     if inflight is None:
                         continue
                 ahead = self._schedule_ahead(inflight)
-                self._complete(inflight)
-                if isinstance(ahead, ScheduledStep):  # needed the tokens just read
-                    ahead = self._dispatch(ahead, with_real_tokens(ahead.rows, self._live))
+                self._commit(inflight)
+                if isinstance(ahead, StepPlan):  # needed the tokens just read
+                    ahead = self._execute(ahead, with_real_tokens(ahead.rows, self._live))
                 inflight = ahead
                 self._refresh_stats()
         except BaseException:
@@ -198,7 +204,7 @@ class Engine:
                 subs = [i for i in self._live if i.startswith(f"{request_id}/")]  # best_of
                 for live_id in [request_id, *subs]:
                     self._finish(live_id, error)
-            elif request.best_of > 1:
+            elif request.best_of > 1:  # queued together: the later ones hit the first's pages
                 group = BestOfGroup(request, stream.put_many)
                 for i, sub in enumerate(group.sub_requests()):
                     self._admit(f"{request_id}/{i}", sub, group.emitter(i))
@@ -209,185 +215,153 @@ class Engine:
         if request_id in self._live:
             emit([GenerationError(f"duplicate request id {request_id!r}", "validation")])
             return
-        live = admit(request_id, request, emit, self.scheduler, self.tokenizer, self.limits)
-        if isinstance(live, GenerationError):
-            emit([live])
+        seq = new_request_state(
+            request_id,
+            request,
+            emit,
+            self.tokenizer,
+            self.limits,
+            prompt_logprobs_enabled=self._prompt_logprobs,
+        )
+        if isinstance(seq, GenerationError):
+            emit([seq])
+        elif not self.scheduler.add(seq):
+            emit([GenerationError(NO_ROOM, "validation")])
         else:
-            self._live[request_id] = live
+            self._live[request_id] = seq
 
-    def _dispatch(self, step: ScheduledStep, rows, token_ids=None) -> InFlight | None:
+    def _execute(self, plan: StepPlan, rows, token_ids=None) -> InFlight | None:
         """Send a step to the device (rows may carry patched token ids; `token_ids` is the
         previous step's device output when it feeds this one directly)."""
-        lives = [self._live.get(r.request_id) for r in rows]
+        seqs = [self._live.get(r.request_id) for r in rows]
         sampling = [
-            RowSampling(live.params, r.start_pos + len(r.token_ids), live.history())
-            if live is not None
+            RowSampling(seq.params, r.end_pos, seq.history())
+            if seq is not None
             else RowSampling(SamplingParams(), r.start_pos + 1, [])  # ended meanwhile
-            for r, live in zip(rows, lives, strict=True)
+            for r, seq in zip(rows, seqs, strict=True)
         ]
-        want_prefill = self._prompt_logprobs and any(
-            live is not None
-            and live.request.prompt_logprobs
-            and not live.output.prefill
-            and r.start_pos == 0
-            for r, live in zip(rows, lives, strict=True)
-        )
         masks = [
-            live.token_mask() if live is not None and r.produces_token else None
-            for r, live in zip(rows, lives, strict=True)
+            seq.token_mask() if seq is not None and r.produces_token else None
+            for r, seq in zip(rows, seqs, strict=True)
         ]
         now = time.monotonic()
-        for live in lives:
-            if live is not None:
-                live.started = live.started or now
+        for seq in seqs:
+            if seq is not None:
+                seq.started = seq.started or now
         self._step_started = now
         try:
             handle = self.runner.run(
                 rows,
                 sampling,
-                prompt_logprobs=want_prefill,
+                prompt_logprobs=plan.all_logits,
                 device_token_ids=token_ids,
                 token_masks=masks,
             )
         except Exception as exc:  # a failed step ends its requests, not the engine
             logger.exception("step failed")
-            self._fail_step(step, exc, speculated=False)
+            self._fail_step(plan, exc, committed_early=False)
             self._step_started = None
             return None
         if token_ids is not None:  # sent before the previous step was read: no idle gap
             self._host_gaps.append(0.0)
         elif self._last_step_done is not None:  # device idle from the last results to here
             self._host_gaps.append(self.runner.dispatched_at - self._last_step_done)
-        return InFlight(step, tuple(rows), lives, handle, want_prefill, now)
+        return InFlight(plan, tuple(rows), seqs, handle, now)
 
-    def _schedule_ahead(self, inflight: InFlight) -> InFlight | ScheduledStep | None:
-        """Overlap: before reading a decode step back, record its tokens as placeholders and
-        schedule the next step. If it decodes the same rows, dispatch it now, fed by the
-        device's sampled ids; otherwise return it to dispatch once the ids are known. Only
-        when nothing is waiting (admissions and cancels take the synchronous path) and no row
-        needs its token history (penalties, watermark) or ends by length at this step."""
-        if not self._overlap or inflight.want_prefill or self._inbox or self.scheduler.num_waiting:
+    def _schedule_ahead(self, inflight: InFlight) -> InFlight | StepPlan | None:
+        """Run-ahead (runahead.py): before reading a decode step back, commit it early with
+        placeholders and schedule the next step. If it decodes the same rows, dispatch it now,
+        fed by the device's sampled ids; otherwise return it to dispatch once the ids are
+        known. Only when nothing is waiting (admissions and cancels take the synchronous
+        path)."""
+        if not self._overlap or inflight.plan.all_logits:
             return None
-        if not can_run_ahead(inflight.rows, inflight.lives):
+        if self._inbox or self.scheduler.num_waiting:
             return None
-        placeholders = {r.request_id: PLACEHOLDER for r in inflight.rows}
-        self.scheduler.on_step_done(inflight.step, placeholders)
-        inflight.speculated = True
-        step = self.scheduler.schedule()
-        if step is None:
+        if not can_run_ahead(inflight.rows, inflight.seqs):
             return None
-        same = [r.request_id for r in step.rows] == [r.request_id for r in inflight.rows]
-        if same and all(not r.is_prefill and len(r.token_ids) == 1 for r in step.rows):
+        self.scheduler.on_step_done(inflight.plan, placeholders(inflight))
+        inflight.committed_early = True
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return None
+        if is_same_decode(plan, inflight):
             self._overlapped += 1
-            return self._dispatch(step, step.rows, token_ids=inflight.handle.token_ids)
-        return step
+            return self._execute(plan, plan.rows, token_ids=inflight.handle.token_ids)
+        return plan
 
-    def _complete(self, inflight: InFlight) -> None:
-        """Read a step back and turn its sampled ids into events."""
-        step, rows, lives = inflight.step, inflight.rows, inflight.lives
+    def _commit(self, inflight: InFlight) -> None:
+        """Read a step back, record it in the scheduler, turn its tokens into events."""
+        plan, rows = inflight.plan, inflight.rows
         self._step_started = inflight.started
         try:
-            out = Runner.fetch(inflight.handle)
+            result = step_result(rows, Runner.fetch(inflight.handle))
         except Exception as exc:
             logger.exception("step failed")
-            self._fail_step(step, exc, speculated=inflight.speculated)
+            self._fail_step(plan, exc, committed_early=inflight.committed_early)
             return
         finally:
             self._step_started = None
         done = time.monotonic()
         self._last_step_done = done
-        kind = "prefill" if any(r.is_prefill for r in rows) else "decode"
         if self._on_step is not None:
-            self._on_step(kind, done - inflight.started, len(rows), step.num_tokens, ok=True)
-        sampled = {
-            r.request_id: int(out.token_ids[i]) for i, r in enumerate(rows) if r.produces_token
-        }
-        if inflight.speculated:  # on_step_done already ran with placeholders: fill them in
+            self._on_step(plan.kind, done - inflight.started, len(rows), plan.num_tokens, ok=True)
+        accepted = {i: c for i, c in result.ids().items() if i in self._live}
+        if inflight.committed_early:
+            fill_placeholders(self._live, accepted)
             at_length: set[str] = set()
-            for request_id, token in sampled.items():
-                live = self._live.get(request_id)
-                if live is not None and live.seq.output_ids[-1:] == [PLACEHOLDER]:
-                    live.seq.output_ids[-1] = token
         else:
-            live_ids = {i for i in sampled if i in self._live}
-            sampled = {i: t for i, t in sampled.items() if i in live_ids}
-            at_length = set(self.scheduler.on_step_done(step, sampled))
-        offset = 0
-        for i, (row, live) in enumerate(zip(rows, lives, strict=True)):
-            start, offset = offset, offset + len(row.token_ids)
-            if live is None or row.request_id not in self._live:
+            at_length = set(self.scheduler.on_step_done(plan, accepted))
+        for row, seq in zip(rows, inflight.seqs, strict=True):
+            if seq is None or row.request_id not in self._live:
                 continue  # ended (cancelled, failed, stopped) while this step ran
-            if inflight.want_prefill and live.request.prompt_logprobs and row.start_pos == 0:
-                live.output.set_prefill(out.prompt_logprobs[start : offset - 1])
-            if row.produces_token:
-                self._on_token(live, row.request_id, out, i, row.request_id in at_length, done)
+            if row.request_id in result.prompt_logprobs and not seq.output.prefill:
+                seq.output.set_prefill(result.prompt_logprobs[row.request_id])
+            for choice in result.accepted.get(row.request_id, ()):
+                if not self._deliver(seq, choice, row.request_id in at_length, done):
+                    break
 
-    def _on_token(
-        self, live: LiveRequest, request_id: str, out, i: int, at_length: bool, now: float
-    ):
-        logprob = float(out.logprobs[i])
-        if not math.isfinite(logprob) and logprob != -math.inf:
-            self._finish(request_id, GenerationError("non-finite logits", "generation"))
-            return
-        if not live.advance_grammar(int(out.token_ids[i])):
-            error = GenerationError("sampled a token the grammar forbids", "generation")
-            self._finish(request_id, error)
-            return
-        n = live.request.top_n_tokens
-        top = list(zip(out.top_ids[i][:n].tolist(), out.top_logprobs[i][:n].tolist(), strict=True))
-        events, reason = live.output.add(int(out.token_ids[i]), logprob, top, at_length=at_length)
-        items: list = list(events)
-        if reason is None and self._fast_forward and live.request.grammar is not None:
-            reason = self._fast_forward_tokens(live, items)
+    def _deliver(self, seq: RequestState, choice, at_length: bool, now: float) -> bool:
+        """One accepted token to its stream; False once the request has ended."""
+        before = len(seq.output_ids)
+        items, reason = commit_token(
+            seq, choice, at_length=at_length, fast_forward=self._fast_forward
+        )
+        self._fast_forwarded += len(seq.output_ids) - before
+        if isinstance(reason, GenerationError):
+            self._finish(seq.request_id, reason)
+            return False
         if reason is not None:
-            self.scheduler.finish(request_id, reason)  # no-op when it finished at length
-            del self._live[request_id]
+            self.scheduler.finish(seq.request_id, reason)  # no-op when it finished at length
+            del self._live[seq.request_id]
             items.append(
-                live.output.completion(
-                    queue_time=(live.started or now) - live.submitted,
-                    inference_time=now - (live.started or now),
+                seq.output.completion(
+                    queue_time=(seq.started or now) - seq.submitted,
+                    inference_time=now - (seq.started or now),
                 )
             )
-        if items and not live.emit(items) and reason is None:
-            self._finish(request_id, None)  # the reader is gone
-
-    def _fast_forward_tokens(self, live: LiveRequest, items: list) -> str | None:
-        """Append the grammar's forced continuation (the only allowed token, again and again)
-        without sampling: the tokens are emitted now with logprob 0 (probability 1 under the
-        mask) and the scheduler feeds them to the model with the next step's row. Stops one
-        token short of max_new_tokens so the step still samples."""
-        room = live.seq.max_new_tokens - len(live.seq.output_ids) - 1
-        reason = None
-        while room > 0 and reason is None:
-            forced = live.request.grammar.forced_token(live.grammar_state)
-            if forced is None:
-                break
-            live.seq.output_ids.append(forced)
-            live.advance_grammar(forced)
-            top = [(forced, 0.0)][: live.request.top_n_tokens]
-            events, reason = live.output.add(forced, 0.0, top)
-            items.extend(events)
-            self._fast_forwarded += 1
-            room -= 1
-        return reason
+        if items and not seq.emit(items) and reason is None:
+            self._finish(seq.request_id, None)  # the reader is gone
+            return False
+        return reason is None
 
     def _finish(self, request_id: str, error: GenerationError | None) -> None:
-        live = self._live.pop(request_id, None)
+        seq = self._live.pop(request_id, None)
         self.scheduler.finish(request_id, "error" if error else "cancelled")
-        if live is not None and error is not None:
-            live.emit([error])
+        if seq is not None and error is not None:
+            seq.emit([error])
 
-    def _fail_step(self, step: ScheduledStep, exc: Exception, *, speculated: bool) -> None:
+    def _fail_step(self, plan: StepPlan, exc: Exception, *, committed_early: bool) -> None:
         error = GenerationError(f"{type(exc).__name__}: {exc}", "generation")
-        for row in step.rows:
+        for row in plan.rows:
             self._finish(row.request_id, error)
-        if not speculated:  # else on_step_done already ran (with placeholders)
-            self.scheduler.on_step_done(step, {})
+        if not committed_early:  # else on_step_done already ran (with placeholders)
+            self.scheduler.on_step_done(plan, {})
         if any(layer.k.is_deleted() for layer in self.runner.kv):  # donated, then lost
             self.runner.reset_kv()
             self.scheduler.requeue_all()
         if self._on_step is not None:
-            self._on_step("prefill", 0.0, len(step.rows), step.num_tokens, ok=False)
+            self._on_step("prefill", 0.0, len(plan.rows), plan.num_tokens, ok=False)
 
     def _end_all(self, error: GenerationError) -> None:
         while self._inbox:
@@ -398,14 +372,20 @@ class Engine:
             self._finish(request_id, error)
 
     def _refresh_stats(self) -> None:
-        s = self.scheduler.stats()
+        s, kv = self.scheduler.stats(), self.scheduler.kv.stats()
         gaps = sorted(self._host_gaps)
         self._stats = {
             "queue_size": s["waiting"] + len(self._inbox),
             "batch_size": s["running"],
             "batch_max_tokens": s["held_pages"] * self.limits.page_size,
-            "free_pages": s["free_pages"],
-            "used_pages": self.scheduler.allocator.num_used,
+            "free_pages": kv["free_pages"],
+            "used_pages": kv["used_pages"],
+            "cached_pages": kv["cached_pages"],
+            "shared_pages": kv["shared_pages"],
+            "prefix_hit_tokens": kv["prefix_hit_tokens"],
+            "prefix_lookup_tokens": kv["prefix_lookup_tokens"],
+            "prefix_hit_rate": kv["prefix_hit_rate"],
+            "prefix_evictions": kv["evictions"],
             "preemptions": s["preemptions"],
             "steps": s["steps"],
             "host_gap_ms_median": 1e3 * gaps[len(gaps) // 2] if gaps else 0.0,

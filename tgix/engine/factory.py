@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from tgix.engine.buckets import Buckets
 from tgix.engine.engine import Engine, StepHook
 from tgix.engine.kv_cache import kv_bytes_per_token
+from tgix.engine.kv_manager import KVManager
 from tgix.engine.limits import (
     LimitRequest,
     bucket_batch_size,
@@ -21,7 +22,6 @@ from tgix.engine.limits import (
     kv_budget_tokens,
     resolve_limits,
 )
-from tgix.engine.pages import PageAllocator
 from tgix.engine.runner import Runner, RunnerConfig, enable_compilation_cache
 from tgix.engine.scheduler import Scheduler, SchedulerConfig
 from tgix.models import LoadedModel
@@ -35,6 +35,7 @@ class EngineOptions:
 
     max_top_n_tokens: int = 5
     prompt_logprobs: bool = False  # TGI's --enable-prefill-logprobs
+    prefix_caching: bool = True  # TGI's PREFIX_CACHING: prompts start past cached full pages
     watermark_gamma: float = 0.5
     watermark_delta: float = 2.0
     kv_dtype: str | None = None  # None: the model's dtype
@@ -103,6 +104,7 @@ def create_engine(
         max_total_tokens=effective.max_total_tokens,
         page_size=page_size,
         chunked_prefill=effective.chunked_prefill,
+        prefix_caching=options.prefix_caching,
         prompt_logprobs=options.prompt_logprobs,
     )
     executable_cache = None
@@ -147,7 +149,7 @@ def create_engine(
             waiting_served_ratio=effective.waiting_served_ratio,
             chunked_prefill=effective.chunked_prefill,
         ),
-        PageAllocator(num_pages, page_size),
+        KVManager(num_pages, page_size, prefix_caching=options.prefix_caching),
     )
     engine = Engine(
         runner,

@@ -16,9 +16,11 @@ from tgix.engine.stops import StopBuffer
 
 
 class RequestOutput:
-    """Builds one request's events; `tokenizer` needs decode() and `hf.all_special_ids`."""
+    """Builds one request's events; `tokenizer` needs decode() and `hf.all_special_ids`.
+    `ids` is the request's one list of generated ids (RequestState.output_ids): whoever
+    records a token appends it there before calling `add`."""
 
-    def __init__(self, request: GenerationRequest, tokenizer, *, seed: int | None):
+    def __init__(self, request: GenerationRequest, tokenizer, ids: list[int], *, seed: int | None):
         self.request = request
         self.tokenizer = tokenizer
         self.seed = seed
@@ -27,7 +29,7 @@ class RequestOutput:
         self._detok = IncrementalDetokenizer(tokenizer, request.prompt_ids)
         self._stops = StopBuffer(request.stop)
         self._held_tops: deque[tuple[TokenInfo, ...]] = deque()
-        self.ids: list[int] = []
+        self.ids = ids
         self.tokens: list[TokenInfo] = []  # released, in order
         self.top_tokens: list[tuple[TokenInfo, ...]] = []
         self.prefill: tuple[TokenInfo, ...] = ()
@@ -53,7 +55,6 @@ class RequestOutput:
     ) -> tuple[list[TokenEvent], str | None]:
         """Record a sampled token; returns the events now safe to stream and the finish
         reason if the request ends here."""
-        self.ids.append(token_id)
         info = self._info(token_id, self._detok.add(token_id), logprob)
         tops = tuple(self._info(i, self.tokenizer.decode([i]), lp) for i, lp in top)
         self._held_tops.append(tops)

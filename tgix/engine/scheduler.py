@@ -1,14 +1,21 @@
-"""Continuous-batching scheduler (host only): picks each step's rows (decode tokens, prefill chunks)
-under TGI's budgets, owns every request's KV pages, and preempts by recompute under page pressure.
+"""Continuous-batching scheduler (host only): picks each step's rows under TGI's budgets and
+emits them as one StepPlan; admission starts a prompt past its longest cached prefix.
+
+Policy only: pages, their reference counts and the prefix cache are the KVManager's. Budgets
+count only the tokens a step computes (a cached prefix is free). Under page pressure the
+youngest running request is preempted and later recomputed, on whatever of its pages the cache
+still holds.
 """
 
 from __future__ import annotations
 
-import enum
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from tgix.engine.pages import PageAllocator
+from tgix.engine.kv_manager import KVManager, page_hashes
+from tgix.engine.plan import PlanRow, RowKind, StepPlan
+from tgix.engine.request_state import RequestState, Status
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -16,7 +23,7 @@ class SchedulerConfig:
     """TGI's launcher knobs (same names and defaults); see reference §5 for their meaning."""
 
     max_batch_prefill_tokens: int = 4096
-    max_batch_total_tokens: int | None = None  # None -> the allocator's capacity
+    max_batch_total_tokens: int | None = None  # None -> the pool's capacity
     max_batch_size: int | None = None
     max_waiting_tokens: int = 20
     waiting_served_ratio: float = 0.3
@@ -36,82 +43,26 @@ class SchedulerConfig:
                 raise ValueError(f"{name} out of range: {getattr(self, name)!r}")
 
 
-class Status(enum.StrEnum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-
-
-@dataclass(slots=True, eq=False)
-class SequenceState:
-    """Host state of one request. The caller keeps the object returned by `Scheduler.add` to read
-    `output_ids` and `finish_reason`; the scheduler forgets a request once it finishes."""
-
-    request_id: str
-    prompt_ids: list[int]
-    max_new_tokens: int
-    output_ids: list[int] = field(default_factory=list)
-    pages: list[int] = field(default_factory=list)
-    num_computed: int = 0  # tokens whose KV is in the cache
-    status: Status = Status.WAITING
-    finish_reason: str | None = None
-    prefilled: bool = False  # its last prefill chunk ran: from now on it decodes one token a step
-
-    @property
-    def total_len(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledRow:
-    """One request's share of a step; has RowInput's fields, so `pack_step(step.rows, ...)` works.
-
-    `pages` covers at least start_pos + len(token_ids) tokens (a prefill reserves its whole length).
-    `produces_token` is False for a prefill chunk that stops short of the end of its sequence.
-    """
-
-    request_id: str
-    token_ids: tuple[int, ...]
-    start_pos: int
-    pages: tuple[int, ...]
-    is_prefill: bool
-    produces_token: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledStep:
-    """The rows of one forward, decode rows first, then prefill rows (each in admission order)."""
-
-    rows: tuple[ScheduledRow, ...]
-
-    @property
-    def request_ids(self) -> list[str]:
-        return [r.request_id for r in self.rows]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.rows)
-
-
 class Scheduler:
-    """FCFS continuous batching over one PageAllocator; one step in flight at a time."""
+    """FCFS continuous batching over one KVManager; one step in flight at a time."""
 
-    def __init__(self, config: SchedulerConfig, allocator: PageAllocator):
+    def __init__(self, config: SchedulerConfig, kv: KVManager):
         self.config = config
-        self.allocator = allocator
-        limit = allocator.num_pages - 1
+        self.kv = kv
+        limit = kv.num_pages - 1
         if config.max_batch_total_tokens is not None:
-            limit = min(limit, config.max_batch_total_tokens // allocator.page_size)
+            limit = min(limit, config.max_batch_total_tokens // kv.page_size)
         if limit < 1:
             raise ValueError("max_batch_total_tokens is smaller than one page")
         self.page_limit = limit  # pages running requests may hold together (token budget / pool)
-        self._seqs: dict[str, SequenceState] = {}  # live requests: waiting or running
-        self._waiting: deque[SequenceState] = deque()
-        # admission order: the last one is the preemption victim
-        self._running: list[SequenceState] = []
-        self._held = 0
+        self._seqs: dict[str, RequestState] = {}  # live requests: waiting or running
+        self._waiting: deque[RequestState] = deque()
+        self._running: list[RequestState] = []  # admission order: the last is the victim
+        # full prompt pages a running request will compute: digest -> its request id. A
+        # request whose next page is one of them waits (one step, usually) and then hits.
+        self._pending: dict[bytes, str] = {}
         self._waiting_tokens = 1  # TGI's counter: 1 + decode steps since the last admission
-        self._inflight: ScheduledStep | None = None
+        self._inflight: StepPlan | None = None
         self._preemptions = 0
         self._steps = 0
 
@@ -127,36 +78,35 @@ class Scheduler:
         return {
             "waiting": self.num_waiting,
             "running": self.num_running,
-            "held_pages": self._held,
+            "held_pages": self.kv.num_used,
             "page_limit": self.page_limit,
-            "free_pages": self.allocator.num_free,
+            "free_pages": self.kv.num_free,
+            "cached_pages": self.kv.num_cached,
             "waiting_tokens": self._waiting_tokens,
             "preemptions": self._preemptions,
             "steps": self._steps,
         }
 
-    def add(self, request_id: str, prompt_ids: list[int], max_new_tokens: int) -> SequenceState:
-        """Queue a request (FCFS). One that can never run is returned already finished ("error")
-        so that it cannot block the queue forever; the server should have refused it (422)."""
-        if request_id in self._seqs:
-            raise ValueError(f"request {request_id!r} is already queued or running")
-        if not prompt_ids or max_new_tokens < 1:
+    def add(self, seq: RequestState) -> bool:
+        """Queue a request (FCFS). One that can never run is finished at once ("error", False
+        returned) so that it cannot block the queue; the server should have refused it."""
+        if seq.request_id in self._seqs:
+            raise ValueError(f"request {seq.request_id!r} is already queued or running")
+        if not seq.prompt_ids or seq.max_new_tokens < 1:
             raise ValueError("need a non-empty prompt and max_new_tokens >= 1")
-        seq = SequenceState(request_id, list(prompt_ids), max_new_tokens)
         # Peak KV: every prompt token plus every generated token but the last (never fed back).
-        peak = self.allocator.pages_for(len(prompt_ids) + max_new_tokens - 1)
-        too_long = not self.config.chunked_prefill and (
-            len(prompt_ids) > self.config.max_batch_prefill_tokens
-        )
+        peak = self.kv.pages_for(len(seq.prompt_ids) + seq.max_new_tokens - 1)
+        whole_prompt = not self.config.chunked_prefill or seq.wants_prompt_logprobs
+        too_long = whole_prompt and len(seq.prompt_ids) > self.config.max_batch_prefill_tokens
         if peak > self.page_limit or too_long:
             seq.status, seq.finish_reason = Status.FINISHED, "error"
-            return seq
-        self._seqs[request_id] = seq
+            return False
+        self._seqs[seq.request_id] = seq
         self._waiting.append(seq)
-        return seq
+        return True
 
     def finish(self, request_id: str, reason: str) -> None:
-        """End a request now (EOS, stop sequence, cancel, client gone) and free its pages.
+        """End a request now (EOS, stop sequence, cancel, client gone) and release its pages.
         Unknown or already finished ids are ignored, so cancel races are harmless."""
         seq = self._seqs.pop(request_id, None)
         if seq is None:
@@ -168,54 +118,59 @@ class Scheduler:
             self._release(seq)
         seq.status, seq.finish_reason = Status.FINISHED, reason
 
-    def schedule(self) -> ScheduledStep | None:
-        """The next step's rows, with their pages allocated; None when there is nothing to run."""
+    def schedule(self) -> StepPlan | None:
+        """The next step's rows, with their pages held; None when there is nothing to run."""
         if self._inflight is not None:
             raise RuntimeError("the previous step has not been reported with on_step_done")
         rows = self._chunked_rows() if self.config.chunked_prefill else self._classic_rows()
         if not rows:
             return None
-        self._inflight = ScheduledStep(tuple(rows))
+        self._inflight = StepPlan(tuple(rows))
         self._steps += 1
         return self._inflight
 
-    def on_step_done(self, step: ScheduledStep, sampled: dict[str, int]) -> list[str]:
-        """Record the step: advance KV counts, append each producing row's sampled token, finish
-        requests at max_new_tokens ("length"). Returns the ids finished here. Rows of requests
-        finished meanwhile (cancelled during the step) are skipped."""
-        if step is not self._inflight:
+    def on_step_done(self, plan: StepPlan, accepted: Mapping[str, Sequence[int]]) -> list[str]:
+        """Record the step: advance KV counts, register pages that are now full in the prefix
+        cache, append each producing row's accepted ids, finish requests at max_new_tokens
+        ("length"). Returns the ids finished here. Rows of requests finished meanwhile
+        (cancelled during the step) are skipped."""
+        if plan is not self._inflight:
             raise ValueError("not the step in flight")
-        producing = {r.request_id for r in step.rows if r.produces_token}
-        if extra := set(sampled) - producing:
+        producing = {r.request_id for r in plan.rows if r.produces_token}
+        if extra := set(accepted) - producing:
             raise ValueError(f"tokens for rows that produce none: {sorted(extra)}")
         live = [  # rows of requests not finished meanwhile
             r
-            for r in step.rows
+            for r in plan.rows
             if (s := self._seqs.get(r.request_id)) is not None and s.status is Status.RUNNING
         ]
-        if missing := {r.request_id for r in live if r.produces_token} - set(sampled):
-            raise ValueError(f"no sampled token for {sorted(missing)}")
+        if missing := {r.request_id for r in live if r.produces_token} - set(accepted):
+            raise ValueError(f"no accepted tokens for {sorted(missing)}")
         self._inflight = None
         finished = []
         for row in live:
             seq = self._seqs[row.request_id]
-            seq.num_computed += len(row.token_ids)
+            seq.num_computed = row.end_pos
+            self._register_full_pages(seq)
             if row.produces_token:
-                seq.output_ids.append(sampled[row.request_id])
-                seq.prefilled = True
+                seq.output_ids += accepted[row.request_id]
+                seq.prompt_done = True
                 if len(seq.output_ids) >= seq.max_new_tokens:
+                    del seq.output_ids[seq.max_new_tokens :]
                     self.finish(seq.request_id, "length")
                     finished.append(seq.request_id)
         return finished
 
     def requeue_all(self) -> None:
-        """Preempt every running request (their KV was lost): they recompute from the front."""
+        """Preempt every running request and forget every page's content (the device KV was
+        lost): they recompute from the front."""
         for seq in reversed(list(self._running)):
             self._preempt(seq)
+        self.kv.clear_cache()
 
     # -- step building ---------------------------------------------------------------------------
 
-    def _classic_rows(self) -> list[ScheduledRow]:
+    def _classic_rows(self) -> list[PlanRow]:
         """TGI without chunking: admit (and prefill alone) or decode every running request."""
         cfg, running = self.config, len(self._running)
         min_size = None
@@ -232,111 +187,164 @@ class Scheduler:
         if not running:
             return []
         self._grow_for_decode()
-        if not self._running:  # everything preempted (pool shared with someone else): re-admit
+        if not self._running:  # everything preempted: re-admit
             return self._classic_rows()
         self._waiting_tokens += 1
         return [self._row(seq) for seq in self._running]
 
-    def _chunked_rows(self) -> list[ScheduledRow]:
-        """TGI with chunking: decode everyone, continue partial prefills, then admit new
+    def _chunked_rows(self) -> list[PlanRow]:
+        """TGI with chunking: decode everyone, continue partial prompts, then admit new
         requests into what is left of the prefill budget (1 token per decode row)."""
         self._grow_for_decode()
         budget = self.config.max_batch_prefill_tokens
-        decode = [self._row(s) for s in self._running if s.prefilled]
+        decode = [self._row(s) for s in self._running if s.prompt_done]
         budget -= sum(len(r.token_ids) for r in decode)
-        prefill = []
+        prompt = []
         for seq in self._running:
-            if not seq.prefilled and budget > 0:
+            if not seq.prompt_done and budget > 0:
                 n = min(seq.total_len - seq.num_computed, budget)
-                prefill.append(self._row(seq, n))
+                prompt.append(self._row(seq, n))
                 budget -= n
         max_size = self.config.max_batch_size
         if max_size is not None:
             max_size -= len(self._running)
-        prefill += [self._row(s, n) for s, n in self._admit(None, max_size, budget)]
-        return decode + prefill
+        prompt += [self._row(s, n) for s, n in self._admit(None, max_size, budget)]
+        return decode + prompt
 
     def _admit(
         self, min_size: int | None, max_size: int | None, budget: int
-    ) -> list[tuple[SequenceState, int]]:
+    ) -> list[tuple[RequestState, int]]:
         """TGI's next_batch: take from the queue front while pages and the prefill budget allow
-        (head-of-line blocking), reserving pages for each one's whole sequence. Returns
-        (sequence, first chunk length) pairs, now running."""
+        (head-of-line blocking), each starting past its cached prefix and holding pages for
+        its whole current length. Returns (request, first piece length) pairs, now running."""
         if (min_size and len(self._waiting) < min_size) or max_size == 0 or budget <= 0:
             return []
         chunked = self.config.chunked_prefill
-        taken: list[tuple[SequenceState, int]] = []
+        taken: list[tuple[RequestState, int, list[int], list[bytes]]] = []
         tokens, pages_left = 0, self._available()
+        pending = dict(self._pending)
         for seq in self._waiting:
             if max_size is not None and len(taken) >= max_size:
                 break
-            need = self.allocator.pages_for(seq.total_len)
+            ids = seq.all_ids()
+            digests = self._prompt_digests(seq, ids)
+            cached = self.kv.lookup(digests, ids, (len(ids) - 1) // self.kv.page_size)
+            if len(cached) < len(digests) and digests[len(cached)] in pending:
+                break  # a running request is computing its next page: hit it next step
+            need = self.kv.pages_for(len(ids)) - len(cached) + self.kv.num_idle(cached)
             if need > pages_left:
                 break
-            n = seq.total_len
-            if chunked:
+            n = len(ids) - len(cached) * self.kv.page_size  # tokens to compute
+            if chunked and not seq.wants_prompt_logprobs:
                 n = min(n, budget - tokens)
             # The first request may exceed the budget: only a recompute can (new prompts that do
             # not fit were refused by add), and it must not be starved.
             elif taken and tokens + n > budget:
                 break
-            taken.append((seq, n))
+            taken.append((seq, n, cached, digests))
+            pending.update(dict.fromkeys(digests[len(cached) :], seq.request_id))
             tokens += n
             pages_left -= need
             if tokens >= budget:
                 break
         if min_size and len(taken) < min_size:
             return []
-        for seq, _ in taken:
+        for seq, _, cached, digests in taken:
             self._waiting.popleft()
             seq.status = Status.RUNNING
             self._running.append(seq)
-            self._grow(seq, self.allocator.pages_for(seq.total_len))
-        return taken
+            self.kv.hold(cached, looked_up_tokens=seq.total_len if seq.read_cache else 0)
+            seq.pages = list(cached)
+            seq.num_computed = seq.num_cached = len(cached) * self.kv.page_size
+            seq.page_digests = digests[: len(cached)]
+            self._grow(seq, self.kv.pages_for(seq.total_len))
+            self._pending.update(dict.fromkeys(digests[len(cached) :], seq.request_id))
+        return [(seq, n) for seq, n, _, _ in taken]
+
+    def _prompt_digests(self, seq: RequestState, ids: list[int]) -> list[bytes]:
+        """Chained hashes of the full pages of what the request must prefill; none when it
+        may not read the cache or caching is off."""
+        if not (self.kv.prefix_caching and seq.read_cache):
+            return []
+        return page_hashes(ids, self.kv.page_size, seq.namespace)
 
     def _grow_for_decode(self) -> None:
         """Give each decoding request the page its next token needs, oldest first; when none is
         left, preempt the youngest running request (possibly the one asking)."""
         for seq in list(self._running):
-            if seq.status is not Status.RUNNING or not seq.prefilled:
+            if seq.status is not Status.RUNNING or not seq.prompt_done:
                 continue
-            need = self.allocator.pages_for(seq.total_len) - len(seq.pages)
+            need = self.kv.pages_for(seq.total_len) - len(seq.pages)
             while need > self._available() and seq.status is Status.RUNNING:
                 self._preempt(self._running[-1])
             if seq.status is Status.RUNNING:
                 self._grow(seq, len(seq.pages) + need)
 
-    def _preempt(self, seq: SequenceState) -> None:
-        """Recompute preemption: drop its KV, keep its tokens, put it back at the queue front."""
+    def _preempt(self, seq: RequestState) -> None:
+        """Recompute preemption: drop its pages (full ones stay cached), keep its tokens, put
+        it back at the queue front."""
         self._running.remove(seq)
         self._release(seq)
-        seq.num_computed, seq.prefilled, seq.status = 0, False, Status.WAITING
+        seq.num_computed, seq.num_cached, seq.prompt_done = 0, 0, False
+        seq.status = Status.WAITING
         self._waiting.appendleft(seq)
         self._preemptions += 1
 
     # -- pages and rows --------------------------------------------------------------------------
 
     def _available(self) -> int:
-        return min(self.allocator.num_free, self.page_limit - self._held)
+        return min(self.kv.num_available, self.page_limit - self.kv.num_used)
 
-    def _grow(self, seq: SequenceState, num_pages: int) -> None:
+    def _grow(self, seq: RequestState, num_pages: int) -> None:
         extra = num_pages - len(seq.pages)
         if extra > 0:
-            seq.pages += self.allocator.allocate(extra)
-            self._held += extra
+            seq.pages += self.kv.allocate(extra)
 
-    def _release(self, seq: SequenceState) -> None:
-        self.allocator.free(seq.pages)
-        self._held -= len(seq.pages)
-        seq.pages = []
+    def _release(self, seq: RequestState) -> None:
+        self.kv.release(seq.pages)
+        seq.pages, seq.page_digests = [], []
+        for digest in [d for d, owner in self._pending.items() if owner == seq.request_id]:
+            del self._pending[digest]
 
-    def _row(self, seq: SequenceState, n: int = 1) -> ScheduledRow:
-        """A decode row once prefilled: every token without KV yet (the last sampled one, plus
-        any the engine appended: grammar fast-forward); else the next n pending tokens."""
+    def _register_full_pages(self, seq: RequestState) -> None:
+        """Hash each page that the step filled (prompt or generated tokens) into the cache."""
+        if not self.kv.prefix_caching:
+            return
+        ps, ids = self.kv.page_size, None
+        for i in range(len(seq.page_digests), seq.num_computed // ps):
+            ids = ids or seq.all_ids()
+            page_ids = ids[i * ps : (i + 1) * ps]
+            if min(page_ids) < 0:  # a placeholder (run-ahead): registered once it is known
+                return
+            parent = seq.page_digests[-1] if seq.page_digests else None
+            (digest,) = page_hashes(page_ids, ps, seq.namespace, start=parent)
+            seq.page_digests.append(digest)
+            self.kv.register(seq.pages[i], digest, page_ids)
+            if self._pending.get(digest) == seq.request_id:
+                del self._pending[digest]
+
+    def _row(self, seq: RequestState, n: int = 1) -> PlanRow:
+        """A decode row once the prompt is done: every token without KV yet (the last sampled
+        one, plus any the engine appended: grammar fast-forward); else the next n tokens of
+        the prompt (for a recompute: prompt + generated so far)."""
         start = seq.num_computed
-        if seq.prefilled:
+        if seq.prompt_done:
             ids = tuple(seq.output_ids[start - len(seq.prompt_ids) :])
+            kind = RowKind.DECODE
         else:
-            ids = tuple((seq.prompt_ids + seq.output_ids)[start:][:n])
-        done = start + len(ids) == seq.total_len
-        return ScheduledRow(seq.request_id, ids, start, tuple(seq.pages), not seq.prefilled, done)
+            ids = tuple(seq.all_ids()[start : start + n])
+            kind = (
+                RowKind.PROMPT
+                if start == 0
+                else RowKind.CACHED
+                if start == seq.num_cached
+                else RowKind.CHUNK
+            )
+        ps = self.kv.page_size
+        if start % ps and self.kv.refcount(seq.pages[start // ps]) != 1:  # never: see kv_manager
+            raise RuntimeError(f"{seq.request_id}: row would write into a shared page")
+        num_logits = 0
+        if start + len(ids) == seq.total_len:
+            all_logits = kind is RowKind.PROMPT and seq.wants_prompt_logprobs
+            num_logits = len(ids) if all_logits and not seq.output_ids else 1
+        return PlanRow(seq.request_id, kind, ids, start, tuple(seq.pages), num_logits)

@@ -1,0 +1,70 @@
+"""Commit (host only): a read-back step becomes per-row accepted tokens, and each accepted
+token becomes stream events (detokenized, stop-checked) or ends its request.
+
+`step_result` reads the runner's StepOutput (numpy) against the plan's rows; `commit_token`
+runs one accepted token through its request: a non-finite logprob or a token the grammar
+forbids is an error, else RequestOutput decides the events and whether the request ends;
+a grammar's forced continuation is appended right after it (fast-forward).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from tgix.engine.plan import PlanRow, StepResult, TokenChoice
+from tgix.engine.request import GenerationError
+from tgix.engine.request_state import RequestState
+
+
+def step_result(rows: Sequence[PlanRow], out) -> StepResult:
+    """Accepted tokens of each producing row (one per row: the sampled id) and the prompt
+    logprobs of rows that asked for every token's logits (out.prompt_logprobs [T]: entry t
+    scores token t + 1 of the packed axis, so a row's n tokens give n - 1 scores)."""
+    accepted, prompt_logprobs, offset = {}, {}, 0
+    for i, row in enumerate(rows):
+        start, offset = offset, offset + len(row.token_ids)
+        if row.num_logits > 1 and out.prompt_logprobs is not None:
+            prompt_logprobs[row.request_id] = out.prompt_logprobs[start : offset - 1].tolist()
+        if row.produces_token:
+            top = tuple(zip(out.top_ids[i].tolist(), out.top_logprobs[i].tolist(), strict=True))
+            choice = TokenChoice(int(out.token_ids[i]), float(out.logprobs[i]), top)
+            accepted[row.request_id] = [choice]
+    return StepResult(accepted, prompt_logprobs)
+
+
+def commit_token(
+    seq: RequestState, choice: TokenChoice, *, at_length: bool, fast_forward: bool
+) -> tuple[list, str | GenerationError | None]:
+    """Events for one accepted token (already in seq.output_ids) and the finish reason, or
+    the error that ends the request. Returns (events, reason)."""
+    if not math.isfinite(choice.logprob) and choice.logprob != -math.inf:
+        return [], GenerationError("non-finite logits", "generation")
+    if not seq.advance_grammar(choice.token_id):
+        return [], GenerationError("sampled a token the grammar forbids", "generation")
+    top = choice.top[: seq.request.top_n_tokens]
+    events, reason = seq.output.add(choice.token_id, choice.logprob, top, at_length=at_length)
+    items: list = list(events)
+    if reason is None and fast_forward and seq.request.grammar is not None:
+        reason = _append_forced_tokens(seq, items)
+    return items, reason
+
+
+def _append_forced_tokens(seq: RequestState, items: list) -> str | None:
+    """Append the grammar's forced continuation (the only allowed token, again and again)
+    without sampling: the tokens are emitted now with logprob 0 (probability 1 under the
+    mask) and the scheduler feeds them to the model with the next step's row. Stops one
+    token short of max_new_tokens so the step still samples."""
+    room = seq.max_new_tokens - len(seq.output_ids) - 1
+    reason = None
+    while room > 0 and reason is None:
+        forced = seq.request.grammar.forced_token(seq.grammar_state)
+        if forced is None:
+            break
+        seq.output_ids.append(forced)
+        seq.advance_grammar(forced)
+        top = [(forced, 0.0)][: seq.request.top_n_tokens]
+        events, reason = seq.output.add(forced, 0.0, top)
+        items.extend(events)
+        room -= 1
+    return reason

@@ -1,0 +1,136 @@
+"""One record per request (host only): everything the engine, the scheduler and the output
+builder know of a queued or running request, kept once.
+
+`output_ids` is the one list of generated ids (the scheduler appends sampled ids, the engine
+appends a grammar's forced ids, RequestOutput reads it for the final text). `num_computed`
+counts the leading tokens whose KV is in the request's pages; `num_cached` how many of those
+came from the prefix cache at its last admission.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import secrets
+import time
+from collections.abc import Callable, Sequence
+
+from tgix.engine.output import RequestOutput
+from tgix.engine.request import EngineLimits, GenerationError, GenerationRequest, SamplingParams
+
+
+class Status(enum.StrEnum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class RequestState:
+    """A request from admission to its terminal event.
+
+    request_id, prompt_ids, max_new_tokens   what to run (prompt_ids: a list, hashed per page)
+    request, params, output, emit            the engine's side: settings (seed filled in), the
+                                             event builder, where events go (None in host tests)
+    namespace          prefix-cache salt: anything besides tokens that changes KV
+    read_cache         False: never start past a cached prefix (prompt logprobs wanted)
+    wants_prompt_logprobs  the first prompt row returns every token's logprob
+    pages, num_computed, num_cached, page_digests   KV: pages in position order, tokens with
+                       KV, tokens matched from the cache, the chained hash of each full page
+                       registered so far
+    prompt_done        its prompt's last piece ran: from now on it decodes
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    request: GenerationRequest | None = None
+    params: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    output: RequestOutput | None = None
+    emit: Callable[[Sequence], bool] | None = None
+    namespace: str = ""
+    read_cache: bool = True
+    wants_prompt_logprobs: bool = False
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    pages: list[int] = dataclasses.field(default_factory=list)
+    page_digests: list[bytes] = dataclasses.field(default_factory=list)
+    num_computed: int = 0
+    num_cached: int = 0
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    prompt_done: bool = False
+    submitted: float = dataclasses.field(default_factory=time.monotonic)
+    started: float | None = None  # first scheduled
+    grammar_state: int | frozenset = 0  # of request.grammar after the generated tokens
+
+    @property
+    def total_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def token_mask(self):
+        """The grammar's allowed-token words for the next token, or None."""
+        grammar = None if self.request is None else self.request.grammar
+        return None if grammar is None else grammar.mask(self.grammar_state)
+
+    def advance_grammar(self, token_id: int) -> bool:
+        """Move the grammar past a generated token; False if the grammar forbids it."""
+        grammar = None if self.request is None else self.request.grammar
+        if grammar is None:
+            return True
+        try:
+            self.grammar_state = grammar.advance(self.grammar_state, token_id)
+        except ValueError:  # GrammarError: the masked sampler should make this impossible
+            return False
+        return True
+
+    def history(self) -> list[int]:
+        """What the sampler needs: every id for penalties, the last one for a watermark."""
+        if self.params.uses_penalties:
+            return self.prompt_ids + self.output_ids
+        if self.params.watermark:  # every decode step: no copy of the whole sequence
+            return (self.output_ids or self.prompt_ids)[-1:]
+        return []
+
+
+def new_request_state(
+    request_id: str,
+    request: GenerationRequest,
+    emit: Callable[[Sequence], bool],
+    tokenizer,
+    limits: EngineLimits,
+    *,
+    prompt_logprobs_enabled: bool,
+) -> RequestState | GenerationError:
+    """Check TGI's token limits, pick a seed for sampled requests, build the record."""
+    n_in, n_new = len(request.prompt_ids), request.max_new_tokens
+    if n_in > limits.max_input_tokens:
+        why = f"`inputs` must have less than {limits.max_input_tokens} tokens. Given: {n_in}"
+        return GenerationError(why, "validation")
+    if n_in + n_new > limits.max_total_tokens:
+        why = (
+            f"`inputs` tokens + `max_new_tokens` must be <= {limits.max_total_tokens}. "
+            f"Given: {n_in} `inputs` tokens and {n_new} `max_new_tokens`"
+        )
+        return GenerationError(why, "validation")
+    if not n_in or n_new < 1:
+        return GenerationError("need a non-empty prompt and max_new_tokens >= 1", "validation")
+    params = request.sampling
+    if params.is_sampling and params.seed is None:
+        params = params.with_seed(secrets.randbits(64))
+    wants_logprobs = prompt_logprobs_enabled and request.prompt_logprobs
+    state = RequestState(
+        request_id,
+        list(request.prompt_ids),
+        n_new,
+        request=request,
+        params=params,
+        emit=emit,
+        read_cache=not wants_logprobs,  # cached positions have no logits (as in TGI, vLLM)
+        wants_prompt_logprobs=wants_logprobs,
+    )
+    seed = params.seed if params.is_sampling else None
+    state.output = RequestOutput(request, tokenizer, state.output_ids, seed=seed)
+    return state
