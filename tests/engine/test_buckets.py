@@ -33,8 +33,21 @@ def test_smallest_shapes_are_chosen():
     assert b.shape_for(rows([5])) == StepShape(True, 16, 1, 0)
     assert b.shape_for(rows([2] * 7)) == StepShape(True, 128, 8, 0)  # 7 rows need T >= 112
     assert b.shape_for(rows([1] * 3, start=9)) == StepShape(False, 4, 4, 16)
-    with pytest.raises(ValueError, match="needs chunked_prefill"):
+    with pytest.raises(ValueError, match="needs the mixed shapes"):
         b.shape_for([*rows([1], start=3), *rows([4], start=8)])
+
+
+def test_prefix_caching_adds_mixed_shapes_for_any_prefill_step():
+    """Without chunking, a prefill step may hold a prompt past a cached prefix: the mixed T
+    buckets then reach the longest prefill step (a recompute of max_total_tokens)."""
+    kw = dict(max_batch_prefill_tokens=64, max_batch_size=8, max_total_tokens=200, page_size=4)
+    assert Buckets.build(**kw).mixed_tokens == ()
+    cached = Buckets.build(**kw, prefix_caching=True)
+    assert cached.mixed_tokens == (16, 32, 64, 128, 256)
+    past_prefix = [*rows([1], start=3), *rows([150], start=40)]
+    assert cached.shape_for(past_prefix) == StepShape(False, 256, 8, 50)
+    chunked = Buckets.build(**kw, chunked_prefill=True, prefix_caching=True)
+    assert chunked.mixed_tokens == (16, 32, 64)  # a chunked step stays within the budget
 
 
 def test_prompt_steps_pad_by_less_than_half():

@@ -148,10 +148,16 @@ def test_forced_tokens_fast_forward_in_mixed_steps(engine, tiny_checkpoints, xla
     from tests.engine.conftest import make_engine, wait_idle
 
     request = greedy(40, prompt_ids=prompt(8, 6))
-    grammar = engine.grammar_compiler.compile(GrammarSpec.regex(FORCED))
-    steps_before = engine.scheduler.stats()["steps"]
-    masked = run(engine, GenerationRequest(**{**_fields(request), "grammar": grammar}))
-    masked_steps = engine.scheduler.stats()["steps"] - steps_before
+    # classic prefill without prefix caching compiles no mixed shapes: one token a step
+    plain = make_engine(tiny_checkpoints("llama"), xla_cache, prefix_caching=False)
+    try:
+        grammar = plain.grammar_compiler.compile(GrammarSpec.regex(FORCED))
+        steps_before = plain.scheduler.stats()["steps"]
+        masked = run(plain, GenerationRequest(**{**_fields(request), "grammar": grammar}))
+        masked_steps = plain.scheduler.stats()["steps"] - steps_before
+        assert wait_idle(plain)["fast_forwarded_tokens"] == 0
+    finally:
+        plain.shutdown()
     # the buckets of test_engine_modes' chunked engine: its executables are cached
     chunked = make_engine(
         tiny_checkpoints("llama"), xla_cache, chunked_prefill=True, max_batch_prefill_tokens=16
