@@ -17,6 +17,9 @@ Token event (one per generated token, stamped with time.perf_counter() as its li
   a chunk with `finish_reason` unset; the last token's chunk carries both text and a reason;
   a trailing chunk with a reason and no text (llama-server) or a usage-only chunk (empty
   `choices`) is not a token. `data: [DONE]` ends the stream.
+- chat (`/v1/chat/completions`, used by benchmarks.chat_load): a chunk whose `delta.content`
+  is non-empty (role-only first chunks, partial UTF-8 and usage-only chunks are not counted;
+  `usage.completion_tokens` is the exact count); its text is kept in `RequestRecord.text`.
 An error is an HTTP status other than 200, a `data:` event with an "error" field, or an
 exception (including the client timeout): recorded and counted, never raised.
 
@@ -91,6 +94,7 @@ class RequestRecord:
     end: float = 0.0
     error: str | None = None
     reported_tokens: int | None = None  # the server's usage.completion_tokens, when it sends one
+    text: list[str] = field(default_factory=list)  # each token event's text (api "chat" only)
 
 
 @dataclass(frozen=True)
@@ -115,9 +119,19 @@ class Target:
         raise ValueError(f"unknown api {self.api!r} (openai or tgi)")
 
 
+def chat_delta_text(payload: dict) -> str:
+    """The content text of an OpenAI chat.completion.chunk ("" for role-only, usage-only or
+    final chunks without content)."""
+    choices = payload.get("choices") or []
+    delta = (choices[0].get("delta") or {}) if choices else {}
+    return delta.get("content") or ""
+
+
 def is_token_event(api: str, payload: dict) -> bool:
     if api == "tgi":
         return "token" in payload
+    if api == "chat":
+        return bool(chat_delta_text(payload))
     choices = payload.get("choices") or []
     return bool(choices) and (not choices[0].get("finish_reason") or bool(choices[0].get("text")))
 
@@ -136,6 +150,8 @@ async def read_events(response: httpx.Response, api: str, record: RequestRecord)
             return
         if is_token_event(api, payload):
             record.token_times.append(arrived)
+            if api == "chat":
+                record.text.append(chat_delta_text(payload))
         if isinstance(payload.get("usage"), dict):
             record.reported_tokens = payload["usage"].get("completion_tokens")
 
