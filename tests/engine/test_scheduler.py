@@ -315,7 +315,8 @@ def test_host_modules_do_not_import_jax():
     import sys
 
     code = (
-        "import sys, tgix.engine.scheduler, tgix.engine.kv_manager, tgix.engine.plan, "
+        "import sys, tgix.engine.scheduler, tgix.engine.kv_manager, tgix.engine.prefix, "
+        "tgix.engine.plan, "
         "tgix.engine.request_state, tgix.engine.runahead, tgix.engine.commit, "
         "tgix.engine.batch, tgix.attention.pack; "
         "sys.exit(int('jax' in sys.modules))"

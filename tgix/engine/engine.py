@@ -357,7 +357,7 @@ class Engine:
             self._finish(row.request_id, error)
         if not committed_early:  # else on_step_done already ran (with placeholders)
             self.scheduler.on_step_done(plan, {})
-        if any(layer.k.is_deleted() for layer in self.runner.kv):  # donated, then lost
+        if self.runner.kv_lost():
             self.runner.reset_kv()
             self.scheduler.requeue_all()
         if self._on_step is not None:

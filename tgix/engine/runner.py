@@ -101,7 +101,12 @@ class Runner:
         param_dtype = jax.tree.leaves(self._state)[0].dtype
         kv_dtype = config.kv_dtype or param_dtype
         self.kv = init_kv_pages(
-            self.cfg, config.num_pages, config.page_size, mesh=self.mesh, dtype=kv_dtype
+            self.cfg,
+            config.num_pages,
+            config.page_size,
+            mesh=self.mesh,
+            dtype=kv_dtype,
+            attention=self.attention,
         )
         self._replicated = NamedSharding(self.mesh, P())
         self._vocab_limit = config.vocab_limit or self.cfg.vocab_size
@@ -385,5 +390,14 @@ class Runner:
             self.broadcast(("reset_kv",))
         dtype = self.kv[0].k.dtype
         self.kv = init_kv_pages(
-            self.cfg, self.config.num_pages, self.config.page_size, mesh=self.mesh, dtype=dtype
+            self.cfg,
+            self.config.num_pages,
+            self.config.page_size,
+            mesh=self.mesh,
+            dtype=dtype,
+            attention=self.attention,
         )
+
+    def kv_lost(self) -> bool:
+        """The KV pages were donated to a step that failed: they must be rebuilt."""
+        return any(layer.k.is_deleted() or layer.v.is_deleted() for layer in self.kv)

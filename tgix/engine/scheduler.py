@@ -13,8 +13,9 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tgix.engine.kv_manager import KVManager, page_hashes
+from tgix.engine.kv_manager import KVManager
 from tgix.engine.plan import PlanRow, RowKind, StepPlan
+from tgix.engine.prefix import PrefixIndex
 from tgix.engine.request_state import RequestState, Status
 
 
@@ -58,9 +59,7 @@ class Scheduler:
         self._seqs: dict[str, RequestState] = {}  # live requests: waiting or running
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []  # admission order: the last is the victim
-        # full prompt pages a running request will compute: digest -> its request id. A
-        # request whose next page is one of them waits (one step, usually) and then hits.
-        self._pending: dict[bytes, str] = {}
+        self.prefix = PrefixIndex(kv)  # cached prefixes, pages being computed
         self._waiting_tokens = 1  # TGI's counter: 1 + decode steps since the last admission
         self._inflight: StepPlan | None = None
         self._preemptions = 0
@@ -151,7 +150,7 @@ class Scheduler:
         for row in live:
             seq = self._seqs[row.request_id]
             seq.num_computed = row.end_pos
-            self._register_full_pages(seq)
+            self.prefix.register_computed(seq)
             if row.produces_token:
                 seq.output_ids += accepted[row.request_id]
                 seq.prompt_done = True
@@ -222,19 +221,18 @@ class Scheduler:
         chunked = self.config.chunked_prefill
         taken: list[tuple[RequestState, int, list[int], list[bytes]]] = []
         tokens, pages_left = 0, self._available()
-        pending = dict(self._pending)
+        admitted_pages: dict[bytes, str] = {}  # pending on requests taken in this loop
         for seq in self._waiting:
             if max_size is not None and len(taken) >= max_size:
                 break
-            ids = seq.all_ids()
-            digests = self._prompt_digests(seq, ids)
-            cached = self.kv.lookup(digests, ids, (len(ids) - 1) // self.kv.page_size)
-            if len(cached) < len(digests) and digests[len(cached)] in pending:
+            digests = self.prefix.digests(seq)
+            cached = self.prefix.lookup(seq, digests)
+            if self.prefix.is_pending(digests, len(cached), admitted_pages):
                 break  # a running request is computing its next page: hit it next step
-            need = self.kv.pages_for(len(ids)) - len(cached) + self.kv.num_idle(cached)
+            need = self.kv.pages_for(seq.total_len) - len(cached) + self.kv.num_idle(cached)
             if need > pages_left:
                 break
-            n = len(ids) - len(cached) * self.kv.page_size  # tokens to compute
+            n = seq.total_len - len(cached) * self.kv.page_size  # tokens to compute
             if chunked and not seq.wants_prompt_logprobs:
                 n = min(n, budget - tokens)
             # The first request may exceed the budget: only a recompute can (new prompts that do
@@ -242,7 +240,7 @@ class Scheduler:
             elif taken and tokens + n > budget:
                 break
             taken.append((seq, n, cached, digests))
-            pending.update(dict.fromkeys(digests[len(cached) :], seq.request_id))
+            admitted_pages.update(dict.fromkeys(digests[len(cached) :], seq.request_id))
             tokens += n
             pages_left -= need
             if tokens >= budget:
@@ -253,20 +251,9 @@ class Scheduler:
             self._waiting.popleft()
             seq.status = Status.RUNNING
             self._running.append(seq)
-            self.kv.hold(cached, looked_up_tokens=seq.total_len if seq.read_cache else 0)
-            seq.pages = list(cached)
-            seq.num_computed = seq.num_cached = len(cached) * self.kv.page_size
-            seq.page_digests = digests[: len(cached)]
+            self.prefix.start(seq, cached, digests)
             self._grow(seq, self.kv.pages_for(seq.total_len))
-            self._pending.update(dict.fromkeys(digests[len(cached) :], seq.request_id))
         return [(seq, n) for seq, n, _, _ in taken]
-
-    def _prompt_digests(self, seq: RequestState, ids: list[int]) -> list[bytes]:
-        """Chained hashes of the full pages of what the request must prefill; none when it
-        may not read the cache or caching is off."""
-        if not (self.kv.prefix_caching and seq.read_cache):
-            return []
-        return page_hashes(ids, self.kv.page_size, seq.namespace)
 
     def _grow_for_decode(self) -> None:
         """Give each decoding request the page its next token needs, oldest first; when none is
@@ -302,26 +289,8 @@ class Scheduler:
 
     def _release(self, seq: RequestState) -> None:
         self.kv.release(seq.pages)
-        seq.pages, seq.page_digests = [], []
-        for digest in [d for d, owner in self._pending.items() if owner == seq.request_id]:
-            del self._pending[digest]
-
-    def _register_full_pages(self, seq: RequestState) -> None:
-        """Hash each page that the step filled (prompt or generated tokens) into the cache."""
-        if not self.kv.prefix_caching:
-            return
-        ps, ids = self.kv.page_size, None
-        for i in range(len(seq.page_digests), seq.num_computed // ps):
-            ids = ids or seq.all_ids()
-            page_ids = ids[i * ps : (i + 1) * ps]
-            if min(page_ids) < 0:  # a placeholder (run-ahead): registered once it is known
-                return
-            parent = seq.page_digests[-1] if seq.page_digests else None
-            (digest,) = page_hashes(page_ids, ps, seq.namespace, start=parent)
-            seq.page_digests.append(digest)
-            self.kv.register(seq.pages[i], digest, page_ids)
-            if self._pending.get(digest) == seq.request_id:
-                del self._pending[digest]
+        seq.pages = []
+        self.prefix.forget(seq)
 
     def _row(self, seq: RequestState, n: int = 1) -> PlanRow:
         """A decode row once the prompt is done: every token without KV yet (the last sampled
