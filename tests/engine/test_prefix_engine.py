@@ -18,7 +18,11 @@ PAGE = 4  # tests/engine/conftest.py LIMITS
 def uncached(tiny_checkpoints, xla_cache):
     eng = make_engine(tiny_checkpoints("llama"), xla_cache, prefix_caching=False)
     yield eng
-    eng.shutdown()
+    try:
+        assert_pages_back(eng)
+        assert wait_idle(eng)["cached_pages"] == 0
+    finally:
+        eng.shutdown()
 
 
 def hits(engine) -> int:
