@@ -1,0 +1,87 @@
+"""Attention over long histories, per layer: what a chat turn's decode and cached-prompt
+steps spend in the XLA attention paths once every row has ~1,000 positions in its pages.
+
+    python -m benchmarks.attention_history [--history 1200] [--chunk-pages 8 32 80]
+
+The default model's attention shape (N=9 query heads, K=3 KV heads, H=64, 16-token pages,
+a 4,097-page pool), jitted alone, median of 20 calls after two warm-up calls:
+  decode  paged_attention for R one-token rows at --history positions
+  mixed   mixed_attention for one decode row plus R rows of n new tokens each past --history
+          positions (prompts that start past a cached prefix), in a 64-row step
+for each --chunk-pages value (pages read per loop iteration). Prints ms per layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tgix.attention.contract import METADATA_FIELDS, AttentionMetadata
+from tgix.attention.pack import RowInput, pack_step
+from tgix.attention.xla import paged_attention
+from tgix.attention.xla_mixed import mixed_attention
+
+PAGE, KV_HEADS, HEAD_DIM, HEADS, POOL = 16, 3, 64, 9, 4097
+
+
+def _metadata(rows, num_tokens: int, num_rows: int) -> AttentionMetadata:
+    arrays = pack_step(
+        rows, page_size=PAGE, num_tokens=num_tokens, num_rows=num_rows, pages_per_row=256
+    )
+    return AttentionMetadata(**{k: jnp.asarray(arrays[k]) for k in METADATA_FIELDS})
+
+
+def _ms(fn, *args) -> float:
+    fn(*args).block_until_ready()
+    fn(*args).block_until_ready()
+    times = []
+    for _ in range(20):
+        start = time.perf_counter()
+        fn(*args).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(times))
+
+
+def _pages_of(row: int, history: int) -> list[int]:
+    per_row = -(-(history + 64) // PAGE)
+    return list(range(1 + row * per_row, 1 + (row + 1) * per_row))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--history", type=int, default=1200)
+    parser.add_argument("--chunk-pages", type=int, nargs="+", default=[8, 32, 80])
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(0)
+    k_pages = jnp.asarray(rng.standard_normal((POOL, PAGE, KV_HEADS, HEAD_DIM), np.float32))
+    v_pages = 0.5 * k_pages
+    hist = args.history
+    for chunk in args.chunk_pages:
+        for rows in (1, 8):
+            decode_rows = [RowInput([1], hist - 1, _pages_of(i, hist)) for i in range(rows)]
+            md = _metadata(decode_rows, rows, rows)
+            q = jnp.ones((rows, HEADS, HEAD_DIM), jnp.float32)
+            fn = jax.jit(functools.partial(paged_attention, chunk_pages=chunk))
+            ms = _ms(fn, q, k_pages, v_pages, md)
+            print(f"decode  {rows} rows at {hist}, chunk {chunk}: {ms:.2f} ms")
+        for rows, new in ((1, 38), (7, 8), (7, 38)):
+            prompt_rows = [
+                RowInput([1] * new, hist, _pages_of(i, hist)) for i in range(1, rows + 1)
+            ]
+            batch = [RowInput([1], hist, _pages_of(0, hist)), *prompt_rows]
+            num_tokens = 512 if rows * new > 63 else 64
+            md = _metadata(batch, num_tokens, 64)
+            q = jnp.ones((num_tokens, HEADS, HEAD_DIM), jnp.float32)
+            kv_new = jnp.ones((num_tokens, KV_HEADS, HEAD_DIM), jnp.float32)
+            fn = jax.jit(functools.partial(mixed_attention, chunk_pages=chunk))
+            ms = _ms(fn, q, kv_new, kv_new, k_pages, v_pages, md)
+            print(f"mixed   1 decode + {rows} x {new} past {hist}, chunk {chunk}: {ms:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
