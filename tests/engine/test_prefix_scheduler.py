@@ -57,28 +57,28 @@ def test_identical_prompts_together_wait_one_step_and_share(make):
 def test_every_row_kind_in_one_plan_and_budget_counts_computed_tokens(make):
     dev = make(128, 4, caching=True, chunked_prefill=True, max_batch_prefill_tokens=12)
     dev.add("base", 0, 1, prompt=SYSTEM)
-    dev.run()  # SYSTEM's first 3 pages cached (its 4th too, recomputed by base)
+    dev.run()  # SYSTEM's pages cached
     dev.add("d", 3, 10)
     dev.step()
     dev.step()  # d decodes from here
-    dev.add("c", 20, 1)  # a long prompt: a 9-token chunk now, its rest next step
+    dev.add("c", 20, 1)  # a long prompt: an 11-token chunk now, its rest next step
     dev.step()
-    dev.add("n", 2, 1)  # new prompt
     dev.add("h", 0, 1, prompt=SYSTEM + [5])  # 16 cached tokens, 1 to compute
+    dev.add("n", 2, 1)  # a new prompt: 1 token fits the budget
     step = dev.sched.schedule()
     assert kinds(step) == [
         ("d", RowKind.DECODE, 5, 1),
         ("c", RowKind.CHUNK, 11, 9),
-        ("n", RowKind.PROMPT, 0, 2),
-    ]  # 12 tokens: the budget is spent; h waits
-    dev.step(step)
-    step = dev.sched.schedule()
-    assert kinds(step) == [("d", RowKind.DECODE, 6, 1), ("h", RowKind.CACHED, 16, 1)]
-    assert step.num_tokens == 2  # the 16 cached tokens cost no budget
+        ("h", RowKind.CACHED, 16, 1),
+        ("n", RowKind.PROMPT, 0, 1),
+    ]
+    assert step.num_tokens == 12  # the budget, spent on computed tokens only
+    assert [r.num_logits for r in step.rows] == [1, 1, 1, 0]  # n's chunk stops short
     dev.step(step)
     dev.run()
     assert dev.seqs["h"].output_ids == alone(17, "h", 1)
     assert dev.seqs["c"].output_ids == alone(20, "c", 1)
+    assert dev.seqs["n"].output_ids == alone(2, "n", 1)
 
 
 def test_classic_prefill_budget_counts_only_uncached_tokens(make):
