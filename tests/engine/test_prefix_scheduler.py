@@ -31,9 +31,10 @@ def test_a_whole_cached_prompt_still_computes_its_last_page(make):
     dev.add("a", 0, 1, prompt=SYSTEM)
     dev.run()
     dev.add("b", 0, 1, prompt=SYSTEM)  # 16 tokens = 4 full pages: the last is recomputed
-    assert kinds(dev.sched.schedule()) == [("b", RowKind.CACHED, 12, 4)]
-    dev.sched.finish("b", "cancelled")
-    dev.sched._inflight = None
+    step = dev.sched.schedule()
+    assert kinds(step) == [("b", RowKind.CACHED, 12, 4)]
+    assert dev.step(step) == ["b"]
+    assert dev.seqs["b"].output_ids == alone(16, "b", 1)
 
 
 def test_identical_prompts_together_wait_one_step_and_share(make):
