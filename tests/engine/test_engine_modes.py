@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.engine.conftest import assert_pages_back, make_engine
+from tests.engine.conftest import assert_pages_back, make_engine, wait_idle
 from tests.engine.test_engine import greedy, ids, prompt, run
 from tgix import testing
 
@@ -28,8 +28,8 @@ def test_page_pressure_preempts_and_every_request_finishes_exactly(
     tiny_checkpoints, xla_cache, driver_greedy
 ):
     """16 pages of 4 tokens for 4 requests that each end at 40 tokens: they cannot all hold
-    their pages at once, so the youngest are preempted and recomputed; none fails, and each
-    gets exactly the ids it gets alone."""
+    their pages at once, so the youngest are preempted and recomputed (on their cached pages);
+    none fails, and each gets exactly the ids it gets alone."""
     eng = make_engine(
         tiny_checkpoints("llama"),
         xla_cache,
@@ -41,6 +41,8 @@ def test_page_pressure_preempts_and_every_request_finishes_exactly(
         prompts = [prompt(200 + i, 20) for i in range(4)]
         _assert_driver_ids(eng, prompts, 20, driver_greedy)
         assert eng.scheduler.stats()["preemptions"] > 0
+        # recomputing, they started past whatever of their pages the prefix cache still held
+        assert wait_idle(eng)["prefix_hit_tokens"] > 0
     finally:
         eng.shutdown()
 

@@ -1,7 +1,8 @@
 """Prefix caching end to end on the tiny checkpoint: greedy ids with caching on equal the ids
 with caching off (and the model forward's) for repeated prompts, prefixes of 1, 2 and 10 full
-pages, 8 concurrent requests on one prefix, an evicted prefix and a preempted request; the
-cache counts what it served; best_of's second sequence reads the first one's prompt pages."""
+pages, 8 concurrent requests on one prefix and an evicted prefix (preempted requests: in
+test_engine_modes' page-pressure test); the cache counts what it served; best_of's second
+sequence reads the first one's prompt pages."""
 
 from __future__ import annotations
 
@@ -87,28 +88,6 @@ def test_an_evicted_prefix_is_recomputed(engine, uncached):
     before = hits(engine)
     assert ids(run(engine, greedy(8, prompt_ids=p))) == first
     assert hits(engine) - before < 32  # its pages were evicted (the LRU's first)
-
-
-def test_preempted_requests_resume_on_cached_pages(tiny_checkpoints, xla_cache, driver_greedy):
-    """16 pages for 4 requests of 40 tokens each: the youngest are preempted; recomputing,
-    they start past whatever of their pages the cache still holds."""
-    eng = make_engine(
-        tiny_checkpoints("llama"),
-        xla_cache,
-        max_batch_total_tokens=64,
-        max_total_tokens=48,
-        max_batch_prefill_tokens=48,
-    )
-    try:
-        prompts = [prompt(200 + i, 20) for i in range(4)]
-        streams = [eng.submit(greedy(20, prompt_ids=p)) for p in prompts]
-        for p, s in zip(prompts, streams, strict=True):
-            assert ids(list(s)[-1]) == driver_greedy(p, 20)
-        assert eng.scheduler.stats()["preemptions"] > 0
-        assert wait_idle(eng)["prefix_hit_tokens"] > 0
-        assert_pages_back(eng)
-    finally:
-        eng.shutdown()
 
 
 def test_best_of_reads_the_prompt_pages_once(engine):
