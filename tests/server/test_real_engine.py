@@ -345,6 +345,16 @@ def test_disconnect_storm_leaves_nothing_and_the_answer_stays(live, http):
     assert after.get(dropped, 0) - before.get(dropped, 0) == 20
     assert stats["free_pages"] + stats["cached_pages"] == live.engine.runner.config.num_pages - 1
     assert http.post("/generate", json=greedy).json() == baseline
+    # the KV pages by state and the prefix cache's counters, as gauges: none held once idle
+    engine_stats = live.idle(timeout=5.0)
+    pages = live.metrics()
+    assert pages["tgix_kv_used_pages"] == 0 and pages["tgix_prefix_cache_shared_pages"] == 0
+    assert pages["tgix_kv_free_pages"] + pages["tgix_prefix_cache_cached_pages"] == (
+        live.engine.runner.config.num_pages - 1
+    )
+    assert pages["tgix_prefix_cache_hit_tokens"] == engine_stats["prefix_hit_tokens"] > 0
+    assert pages["tgix_prefix_cache_lookup_tokens"] == engine_stats["prefix_lookup_tokens"]
+    assert 0 < pages["tgix_prefix_cache_hit_rate"] <= 1
 
 
 def test_429_under_overload_with_the_real_engine(live):
