@@ -26,7 +26,11 @@ class PrefixIndex:
         generated ids of a preempted request); none when it may not read the cache."""
         if not (self.kv.prefix_caching and seq.read_cache):
             return []
-        return page_hashes(seq.all_ids(), self.kv.page_size, seq.namespace)
+        length, digests = seq.lookup_digests
+        if length != seq.total_len:
+            digests = page_hashes(seq.all_ids(), self.kv.page_size, seq.namespace)
+            seq.lookup_digests = (seq.total_len, digests)
+        return digests
 
     def lookup(self, seq: RequestState, digests: list[bytes]) -> list[int]:
         """The cached pages the request can start past: full pages only, leaving at least one

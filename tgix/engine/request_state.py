@@ -54,6 +54,9 @@ class RequestState:
     output_ids: list[int] = dataclasses.field(default_factory=list)
     pages: list[int] = dataclasses.field(default_factory=list)
     page_digests: list[bytes] = dataclasses.field(default_factory=list)
+    # hashes of every full page of all_ids() at that length (a waiting request is looked up
+    # at each step until admitted: hashed once, not per step)
+    lookup_digests: tuple[int, list[bytes]] = (-1, [])
     num_computed: int = 0
     num_cached: int = 0
     status: Status = Status.WAITING
