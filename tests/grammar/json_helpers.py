@@ -46,9 +46,22 @@ def texts(value) -> list[str]:
     return [json.dumps(value, ensure_ascii=False, separators=s) for s in LAYOUTS]
 
 
+def _integer_literal(checker, value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def is_valid(schema, value) -> bool:
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(value)
+    """What the grammar must accept: valid for jsonschema, and still valid when `integer`
+    means an integer literal only (JSON Schema also counts 2.0, which tgix does not
+    generate). The conjunction keeps the oracle a subset of both readings, so wherever
+    JSON Schema rejects 2.0 (`oneOf` of integer and number, `not` integer) so must tgix."""
+    base = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    literal = jsonschema.validators.extend(
+        base, type_checker=base.TYPE_CHECKER.redefine("integer", _integer_literal)
+    )
+    return all(
+        cls(schema, format_checker=base.FORMAT_CHECKER).is_valid(value) for cls in (base, literal)
+    )
 
 
 def check(schema, valid=(), invalid=(), options: GrammarOptions = DEFAULT) -> None:

@@ -133,3 +133,25 @@ def test_multiple_of_in_schemas():
     check({"type": "number", "multipleOf": 0.5}, valid=[1.5, 2, -0.5], invalid=[1.25])
     with pytest.raises(GrammarError, match="multipleOf"):
         schema_to_tree({"type": "integer", "multipleOf": 7})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer"},
+        {"type": "integer", "minimum": 0, "maximum": 100},
+        {"type": "integer", "multipleOf": 5},
+        {"type": ["integer", "null"]},
+    ],
+)
+def test_integers_are_integer_literals_only(schema):
+    """A model offered `.0+` writes 11.0000... to its token limit: integers have no fraction,
+    no exponent; `number` keeps every JSON spelling, integers included."""
+    for text in ["10", "0", "-5" if "minimum" not in schema else "15"]:
+        assert accepts_text(schema, text), text
+    for text in ["10.0", "11.000", "1e1", "10.", "2.5"]:
+        assert not accepts_text(schema, text), text
+    if "type" in schema and len(schema) == 1:  # unbounded: every spelling of a number
+        number = {"type": ["number", "null"] if isinstance(schema["type"], list) else "number"}
+        for text in ["10", "10.0", "11.000", "1e1"]:
+            assert accepts_text(number, text), text

@@ -2,8 +2,8 @@
 `exclusiveMinimum` / `exclusiveMaximum` and decimal `multipleOf`.
 
 - Unbounded: the full JSON number grammar (`-?(0|[1-9]\\d*)(\\.\\d+)?([eE][+-]?\\d+)?`);
-  integers are `-?(0|[1-9]\\d*)` (the converter adds an optional `.0+`). Both unbounded in
-  length.
+  integers are `-?(0|[1-9]\\d*)`: integer literals only (JSON Schema also counts `1.0`,
+  which a model would extend with zeros until its token limit). Both unbounded in length.
 - Bounds are exact digit-range regexes for integers and for decimals with any bound (the
   bounds are compared as decimals: `0.1` means the JSON text `0.1`, not the nearest double).
   A bounded number is written without an exponent (`1e2` is not generated): a documented

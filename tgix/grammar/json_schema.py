@@ -34,7 +34,6 @@ from tgix.grammar.json_common import (
     Context,
     atomic,
     both,
-    cat,
     json_type,
     prune_empty,
     union,
@@ -268,8 +267,9 @@ class Converter:
                 parts.append(Regex(CANONICAL_INTEGER if self.canonical else INTEGER))
             else:
                 parts.append(Regex(CANONICAL_NUMBER if self.canonical else NUMBER))
-        node = prune_empty(both(*parts))
-        return cat(node, Regex(r"(?:\.0+)?")) if integer and not self.canonical else node
+        # `integer` is integer literals only: JSON Schema also counts 1.0 as an integer, but a
+        # model offered `.0+` writes 11.0000... until its token limit
+        return prune_empty(both(*parts))
 
     def array(self, schema: dict) -> Node:
         if "unevaluatedItems" in schema and "items" not in schema:
