@@ -101,17 +101,24 @@ def test_every_eos_id_stops_and_prompt_logprobs_match_transformers(
     eos_a, eos_b = free[3], free[5]  # two extra EOS ids; the earlier one must end it
     eng = make_engine(path, xla_cache, extra_eos_ids=(eos_b, eos_a), prompt_logprobs=True)
     try:
-        c = run(eng, greedy(8, prompt_ids=p, prompt_logprobs=True))
+        c = run(eng, greedy(8, prompt_ids=p, prompt_logprobs=True, top_n_tokens=3))
         assert c.finish_reason == "eos_token" and ids(c) == free[:4]
         assert run(eng, greedy(8, prompt_ids=p, ignore_eos=True)).generated_tokens == 8
         model = testing.load_reference_model(path)
         with torch.no_grad():
             logits = model(torch.tensor([p])).logits[0].float()
-        want = torch.log_softmax(logits[:, : testing.TOKENIZER_VOCAB_SIZE], -1)
-        want = [float(want[j, p[j + 1]]) for j in range(len(p) - 1)]
+        want_all = torch.log_softmax(logits[:, : testing.TOKENIZER_VOCAB_SIZE], -1)
+        want = [float(want_all[j, p[j + 1]]) for j in range(len(p) - 1)]
         assert [t.id for t in c.prefill] == list(p)
         assert c.prefill[0].logprob is None
         np.testing.assert_allclose([t.logprob for t in c.prefill[1:]], want, atol=1e-4)
+        # each prompt position's top-3 alternatives (OpenAI completions' echo + logprobs)
+        top_lp, top_ids = torch.topk(want_all, 3, dim=-1)
+        assert len(c.prefill_top_tokens) == len(p) and c.prefill_top_tokens[0] == ()
+        got_ids = [[t.id for t in tops] for tops in c.prefill_top_tokens[1:]]
+        assert got_ids == top_ids[:-1].tolist()
+        got_lp = [[t.logprob for t in tops] for tops in c.prefill_top_tokens[1:]]
+        np.testing.assert_allclose(got_lp, top_lp[:-1].numpy(), atol=1e-4)
         _pages_back(eng)
     finally:
         eng.shutdown()

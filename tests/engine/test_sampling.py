@@ -266,13 +266,18 @@ def test_each_row_gets_the_same_result_alone_as_in_a_mixed_batch():
         np.testing.assert_allclose(alone.top_logprobs[0], batch.top_logprobs[r], rtol=1e-6)
 
 
-def test_token_logprobs_match_torch_log_softmax():
+def test_prompt_scores_match_torch_log_softmax():
     logits, ids = peaked_logits(6, seed=9), np.array([0, 5, 499, 100, 7, 7])
     for limit in (None, 500):  # 500: the normaliser leaves out the model's padding ids
-        call = jax.jit(partial(sampling.token_logprobs, vocab_limit=limit))
-        got = np.asarray(call(jnp.asarray(logits), jnp.asarray(ids)))
-        reference = torch.log_softmax(torch.tensor(logits[:, :limit]), -1).numpy()
-        np.testing.assert_allclose(got, reference[np.arange(6), ids], rtol=1e-6, atol=1e-6)
+        call = jax.jit(partial(sampling.prompt_scores, num_top=3, vocab_limit=limit))
+        got, top_ids, top_lp = map(np.asarray, call(jnp.asarray(logits), jnp.asarray(ids)))
+        reference = torch.log_softmax(torch.tensor(logits[:, :limit]), -1)
+        want = reference.numpy()[np.arange(6), ids]
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        ref_lp, ref_ids = torch.topk(reference, 3, dim=-1)
+        np.testing.assert_array_equal(top_ids, ref_ids.numpy())
+        np.testing.assert_allclose(top_lp, ref_lp.numpy(), rtol=1e-6, atol=1e-6)
+        assert top_ids.dtype == np.int32 and top_ids.shape == (6, 3)
 
 
 def test_pack_sampling_rows_and_seeds():

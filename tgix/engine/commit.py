@@ -19,13 +19,23 @@ from tgix.engine.request_state import RequestState
 
 def step_result(rows: Sequence[PlanRow], out) -> StepResult:
     """Accepted tokens of each producing row (one per row: the sampled id) and the prompt
-    logprobs of rows that asked for every token's logits (out.prompt_logprobs [T]: entry t
-    scores token t + 1 of the packed axis, so a row's n tokens give n - 1 scores)."""
+    scores of rows that asked for every token's logits (out.prompt_logprobs [T]: entry t
+    scores token t + 1 of the packed axis, so a row's n tokens give n - 1 scores; with each,
+    the top-n alternatives at that position)."""
     accepted, prompt_logprobs, offset = {}, {}, 0
     for i, row in enumerate(rows):
         start, offset = offset, offset + len(row.token_ids)
         if row.num_logits > 1 and out.prompt_logprobs is not None:
-            prompt_logprobs[row.request_id] = out.prompt_logprobs[start : offset - 1].tolist()
+            span = slice(start, offset - 1)
+            top_ids, top_lps = (
+                out.prompt_top_ids[span].tolist(),
+                out.prompt_top_logprobs[span].tolist(),
+            )
+            tops = zip(top_ids, top_lps, strict=True)
+            prompt_logprobs[row.request_id] = [
+                TokenChoice(0, lp, tuple(zip(ids, lps, strict=True)))
+                for lp, (ids, lps) in zip(out.prompt_logprobs[span].tolist(), tops, strict=True)
+            ]
         if row.produces_token:
             top = tuple(zip(out.top_ids[i].tolist(), out.top_logprobs[i].tolist(), strict=True))
             choice = TokenChoice(int(out.token_ids[i]), float(out.logprobs[i]), top)

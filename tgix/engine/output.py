@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from tgix.engine.detokenizer import IncrementalDetokenizer
+from tgix.engine.plan import TokenChoice
 from tgix.engine.request import Completion, GenerationRequest, TokenEvent, TokenInfo
 from tgix.engine.stops import StopBuffer
 
@@ -33,17 +34,26 @@ class RequestOutput:
         self.tokens: list[TokenInfo] = []  # released, in order
         self.top_tokens: list[tuple[TokenInfo, ...]] = []
         self.prefill: tuple[TokenInfo, ...] = ()
+        self.prefill_top_tokens: tuple[tuple[TokenInfo, ...], ...] = ()
         self.finish_reason: str | None = None
 
     def _info(self, token_id: int, text: str, logprob: float | None) -> TokenInfo:
         return TokenInfo(token_id, text, logprob, token_id in self._special)
 
-    def set_prefill(self, logprobs: Sequence[float]) -> None:
-        """Prompt token logprobs (decoder_input_details): logprobs[j] scores prompt token j+1."""
+    def set_prefill(self, scores: Sequence[TokenChoice]) -> None:
+        """Prompt token logprobs (decoder_input_details): scores[j] scores prompt token j+1
+        (its logprob, and the top-n alternatives at its position, kept when the request asks
+        for top_n_tokens)."""
         ids = self.request.prompt_ids
         texts = [self.tokenizer.decode([i]) for i in ids]
-        lps = [None, *(float(x) for x in logprobs[: len(ids) - 1])]
+        scores = scores[: len(ids) - 1]
+        lps = [None, *(float(c.logprob) for c in scores)]
         self.prefill = tuple(self._info(i, t, lp) for i, t, lp in zip(ids, texts, lps, strict=True))
+        n = self.request.top_n_tokens
+        if n > 0:
+            tops = [tuple(self._info(i, self.tokenizer.decode([i]), lp) for i, lp in c.top[:n])
+                    for c in scores]  # fmt: skip
+            self.prefill_top_tokens = ((), *tops)
 
     def add(
         self,
@@ -94,6 +104,7 @@ class RequestOutput:
             input_length=len(self.request.prompt_ids),
             tokens=tuple(self.tokens),
             prefill=self.prefill,
+            prefill_top_tokens=self.prefill_top_tokens,
             top_tokens=tuple(self.top_tokens) if want_tops else (),
             stop_sequence=self._stops.matched,
             queue_time=queue_time,

@@ -92,10 +92,11 @@ class TokenChoice:
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepResult:
     """Per producing row (by request id): its accepted tokens, in order; per prompt row with
-    all logits: the logprob of each of its tokens after the first (prompt logprobs)."""
+    all logits: each of its tokens after the first scored (prompt logprobs: the token's
+    logprob and the top-n alternatives at its position; token_id unused)."""
 
     accepted: dict[str, list[TokenChoice]]
-    prompt_logprobs: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    prompt_logprobs: dict[str, list[TokenChoice]] = dataclasses.field(default_factory=dict)
 
     def ids(self) -> dict[str, list[int]]:
         return {rid: [c.token_id for c in choices] for rid, choices in self.accepted.items()}

@@ -114,6 +114,7 @@ class Completion:
     input_length: int
     tokens: tuple[TokenInfo, ...]
     prefill: tuple[TokenInfo, ...] = ()
+    prefill_top_tokens: tuple[tuple[TokenInfo, ...], ...] = ()  # with prefill and top_n_tokens
     top_tokens: tuple[tuple[TokenInfo, ...], ...] = ()
     best_of_sequences: tuple[Completion, ...] = ()
     stop_sequence: str | None = None

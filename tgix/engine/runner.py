@@ -34,7 +34,7 @@ from tgix.engine.buckets import Buckets, StepShape
 from tgix.engine.executable_cache import ExecutableCache
 from tgix.engine.kv_cache import init_kv_pages
 from tgix.engine.request import SamplingParams
-from tgix.engine.sampling import SamplingArrays, sample, token_logprobs
+from tgix.engine.sampling import SamplingArrays, prompt_scores, sample
 from tgix.engine.sampling_host import pack_history, pack_sampling
 from tgix.engine.token_mask import ALL_ALLOWED, apply_token_mask
 from tgix.models import LoadedModel
@@ -63,14 +63,17 @@ class RunnerConfig:
 
 
 class StepOutput(NamedTuple):
-    """Per row: sampled id, its logprob, the top-n alternatives; per token (fresh steps with
-    all_logits) the logprob of the next prompt token. Device arrays until `fetch`."""
+    """Per row: sampled id, its logprob, the top-n alternatives; per token (steps with
+    all_logits) the logprob of the next prompt token and the top-n alternatives at that
+    position (OpenAI's completions `echo` + `logprobs`). Device arrays until `fetch`."""
 
     token_ids: jax.Array  # [R] int32
     logprobs: jax.Array  # [R] f32
     top_ids: jax.Array  # [R, N] int32
     top_logprobs: jax.Array  # [R, N] f32
-    prompt_logprobs: jax.Array | None  # [T] f32
+    prompt_logprobs: jax.Array | None = None  # [T] f32
+    prompt_top_ids: jax.Array | None = None  # [T, N] int32
+    prompt_top_logprobs: jax.Array | None = None  # [T, N] f32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,9 +130,9 @@ class Runner:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=self._replicated)
 
     def _model_step(self, params, token_ids, kv, md, logits_indices, *, shape: StepShape):
-        """Logits [R, V] (and prompt logprobs [T]) come out replicated: on a mesh the LM
-        head leaves V split over "model", and the sampler, the mask and every process's
-        read-back take whole rows."""
+        """Logits [R, V] (and the prompt scores: logprobs [T], top-n ids and logprobs [T, N])
+        come out replicated: on a mesh the LM head leaves V split over "model", and the
+        sampler, the mask and every process's read-back take whole rows."""
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._params_def, params))
         whole = lambda a: jax.lax.with_sharding_constraint(a, self._replicated)
         if not shape.all_logits:
@@ -137,8 +140,8 @@ class Runner:
             return whole(logits), None, kv
         logits, kv = model(token_ids, kv, md, None, fresh_rows=shape.fresh)  # [T, V]
         next_ids = jnp.roll(token_ids, -1)  # prompt_lp[t] scores token t + 1
-        prompt_lp = token_logprobs(logits, next_ids, vocab_limit=self._vocab_limit)  # [T]
-        return whole(logits[logits_indices]), whole(prompt_lp), kv
+        scores = prompt_scores(logits, next_ids, self.config.num_top, self._vocab_limit)
+        return whole(logits[logits_indices]), whole(scores), kv
 
     @functools.cached_property
     def attention(self) -> AttentionBackend:
@@ -344,7 +347,7 @@ class Runner:
                 raise ValueError(f"device ids {device_token_ids.shape} for {token_ids.shape}")
             token_ids = device_token_ids
         self.dispatched_at = time.monotonic()
-        logits, prompt_lp = self.call_model(shape, token_ids, md, logits_indices)
+        logits, prompt = self.call_model(shape, token_ids, md, logits_indices)
         if masks is not None:
             logits = self.mask_for(shape.num_rows)(logits, masks)
             self.ran.add(("mask", shape.num_rows))
@@ -352,16 +355,16 @@ class Runner:
             logits, SamplingArrays(**sampling), positions, history
         )
         self.ran.add(("sampler", (shape.num_rows, host.history_len)))
-        return StepOutput(*sampled, prompt_lp)
+        return StepOutput(*sampled, *(prompt or ()))
 
     def call_model(self, shape: StepShape, token_ids, metadata: dict, logits_indices):
-        """The model step alone (KV pages donated and replaced): logits [R, V] and prompt
-        logprobs [T] (or None), device arrays."""
+        """The model step alone (KV pages donated and replaced): logits [R, V] and the prompt
+        scores (logprobs [T], top ids [T, N], top logprobs [T, N]) or None, device arrays."""
         self.ran.add(("model", shape))
-        logits, prompt_lp, self.kv = self.model_for(shape)(
+        logits, prompt, self.kv = self.model_for(shape)(
             self._params, token_ids, self.kv, AttentionMetadata(**metadata), logits_indices
         )
-        return logits, prompt_lp
+        return logits, prompt
 
     def _pack_masks(self, token_masks, num_rows: int) -> np.ndarray | None:
         if not token_masks or all(m is None for m in token_masks):

@@ -150,13 +150,17 @@ def _sample_candidates(scaled, lse, arrays: SamplingArrays, noise, *, num_top: i
     return _at(cand_ids, pick), _at(cand, pick) - cand_lse, top - cand_lse[:, None], top_ids
 
 
-def token_logprobs(
-    logits: jax.Array, next_ids: jax.Array, *, vocab_limit: int | None = None
-) -> jax.Array:
-    """[T] f32 log-softmax of raw logits [T, V] at next_ids [T] (TGI's prompt logprobs: no
-    processing). vocab_limit drops model vocab padding from the normaliser, as `sample` does."""
+def prompt_scores(
+    logits: jax.Array, next_ids: jax.Array, num_top: int, vocab_limit: int | None = None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Raw (unprocessed) log-softmax scores of logits [T, V] (TGI's prompt logprobs): the
+    logprob at next_ids [T] f32, and the num_top best ids [T, N] int32 with their logprobs
+    [T, N] f32 (OpenAI completions' `echo` + `logprobs`). vocab_limit drops model vocab
+    padding from the normaliser, as `sample` does."""
     x = logits[:, :vocab_limit].astype(jnp.float32)
-    return _at(x, next_ids) - jax.nn.logsumexp(x, axis=-1)
+    lse = jax.nn.logsumexp(x, axis=-1)
+    top, top_ids = _top_k(x, num_top)
+    return _at(x, next_ids) - lse, top_ids.astype(jnp.int32), top - lse[:, None]
 
 
 def watermark_green_mask(prev_tokens: jax.Array, vocab_size: int, gamma: float) -> jax.Array:
