@@ -23,6 +23,7 @@ from server.admission import Drain, Permits
 from server.invocations import invocations
 from server.metrics import EngineGauges, RequestMetrics, StepRecorder, record_step
 from server.middleware import ApiKeyMiddleware, DrainMiddleware
+from server.openai_errors import OpenAIErrorMiddleware
 from server.settings import Settings
 from server.sse import KEEP_ALIVE_S
 from server.state import ServerState
@@ -43,6 +44,7 @@ ROUTES = [
     Route("/info", info_routes.info, methods=["GET"]),
     Route("/metrics", info_routes.prometheus, methods=["GET"]),
     Route("/v1/models", info_routes.models, methods=["GET"]),
+    Route("/v1/models/{model_id:path}", info_routes.model, methods=["GET"]),  # ids hold "/"
     Route("/api-doc/openapi.json", info_routes.openapi, methods=["GET"]),
     Route("/docs", info_routes.docs, methods=["GET"]),
 ]
@@ -96,6 +98,7 @@ def build_app(
                 allow_headers=headers,
             )
         )
+    middleware.append(Middleware(OpenAIErrorMiddleware))  # wraps the two below: /v1/* bodies
     if settings.api_key:
         middleware.append(Middleware(ApiKeyMiddleware, api_key=settings.api_key))
     middleware.append(Middleware(DrainMiddleware, drain=drain))

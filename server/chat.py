@@ -33,6 +33,7 @@ class ChatRequest:
     params: GenerateParams
     stream: bool = False
     include_usage: bool = False
+    n: int = 1  # choices, each its own generation (they share the prompt's cached pages)
     logprobs: bool = False
     tools: list[Tool] | None = None
     tool_choice: str | tuple[str, str] = "auto"
@@ -44,7 +45,17 @@ class ChatRequest:
     def without_tools(self) -> ChatRequest:
         """The same request with no tools and no response format (TGI's no_tool re-run)."""
         params = dataclasses.replace(self.params, grammar=None, stop=list(self.params.stop))
-        return dataclasses.replace(self, tools=None, response_format=None, params=params)
+        return dataclasses.replace(
+            self, tools=None, tool_choice="auto", response_format=None, params=params
+        )
+
+    def for_choice(self, j: int) -> ChatRequest:
+        """Choice j of `n`: a seeded request's choices use seeds seed, seed + 1, ..."""
+        p = self.params
+        if j == 0 or p.seed is None:
+            return self
+        params = dataclasses.replace(p, seed=(p.seed + j) % 2**64, stop=list(p.stop))
+        return dataclasses.replace(self, params=params)
 
 
 def _content(f: Fields) -> str:
@@ -124,7 +135,25 @@ def sampling_params(f: Fields, *, max_tokens: int | None) -> GenerateParams:
     )
 
 
-def parse_chat(value: Any) -> ChatRequest:
+def stream_usage(f: Fields, stream: bool) -> bool:
+    """`stream_options.include_usage` (vLLM's rule: stream_options only with `stream`)."""
+    options = f.nested("stream_options", "StreamOptions")
+    if options is None:
+        return False
+    if not stream:
+        raise errors.validation("`stream_options` can only be set when `stream` is true")
+    return options.flag("include_usage")
+
+
+def choice_count(f: Fields, limit: int) -> int:
+    """`n`, bounded by the permits a request can ever hold (--max-concurrent-requests)."""
+    n = f.optional("n", "u32", 1)
+    if not 1 <= n <= limit:
+        raise errors.validation(f"`n` must be >= 1 and <= {limit}. Given: {n}")
+    return n
+
+
+def parse_chat(value: Any, max_choices: int = 1) -> ChatRequest:
     f = Fields(value, "ChatRequest")
     if not f.has("messages"):
         raise deserialize_error("", "missing field `messages`")
@@ -133,13 +162,14 @@ def parse_chat(value: Any) -> ChatRequest:
         max_tokens = f.optional("max_completion_tokens", "u32")
     params = sampling_params(f, max_tokens=max_tokens)
     params.top_n_tokens = f.optional("top_logprobs", "u32")
-    options = f.nested("stream_options", "StreamOptions")
+    stream = f.flag("stream")
     chat = ChatRequest(
         model=f.optional("model", "str"),
         messages=[],
         params=params,
-        stream=f.flag("stream"),
-        include_usage=options.flag("include_usage") if options else False,
+        stream=stream,
+        include_usage=stream_usage(f, stream),
+        n=choice_count(f, max_choices),
         logprobs=bool(f.optional("logprobs", "bool", False)),
         tools=tools.parse_tools(f.value.get("tools")),
         tool_choice=tools.parse_tool_choice(f.value.get("tool_choice")),
@@ -147,6 +177,8 @@ def parse_chat(value: Any) -> ChatRequest:
         response_format=parse_response_format(f, "response_format"),
     )
     chat.messages = _messages(f.value["messages"], chat)
+    if not chat.tools and chat.tool_choice not in ("auto", "none"):
+        raise errors.tool("`tool_choice` names a tool or requires one, but `tools` is empty")
     return chat
 
 

@@ -4,8 +4,10 @@ Request-shape problems found before generation (body, template, tools) are norma
 422s; overload is a 429 before any SSE byte; problems found by validation or generation
 (grammar compilation included) arrive inside the 200 stream as `{"error": {"message",
 "http_status_code": 422}}` followed by `data: [DONE]` (§2.6). `model` is echoed unless absent
-or "tgi". A tool request's answer comes back as `tool_calls` (server.tool_calls); when the
-model picks `no_tool` the request runs again without tools and the plain answer is returned.
+or "tgi". `n` choices run as `n` generations (they share the prompt's cached pages), each
+with its own seed when the request is seeded. A tool request's answer comes back as
+`tool_calls` (server.tool_calls); when the model picks `no_tool` the request runs again
+without tools and the plain answer is returned.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from starlette.responses import Response
 from server import errors, openai_format
 from server.chat import ChatRequest, apply_tools, parse_chat, render
 from server.chat_stream import chat_frames
+from server.choices import run_all
 from server.engine_io import ClientGone
 from server.errors import ApiError, PlainError
 from server.generate_routes import json_response
 from server.generation import Outcome, acquire, run_once, sse, timing_headers
 from server.jsonio import read_json
+from server.openai_format import Shape, new_id
 from server.sse import DONE, event
 from server.state import ServerState, of
 from server.tokenize import simple_tokens
@@ -43,8 +47,8 @@ def _openai_abort_frame() -> bytes:
 async def _answer(
     request: Request, st: ServerState, chat: ChatRequest, prompt: str, offered
 ) -> tuple[Outcome, str, list[dict] | None]:
-    """A non-streamed answer: (outcome, its prompt, tool_calls or None). A tool answer that is
-    not a call is a 422 tool_error; `no_tool` runs the request again without tools."""
+    """One non-streamed choice: (outcome, its prompt, tool_calls or None). A tool answer
+    that is not a call is a 422 tool_error; `no_tool` runs the request again without tools."""
     outcome = await run_once(request.receive, st, prompt, chat.params, add_special_tokens=False)
     if offered is None:
         return outcome, prompt, None
@@ -61,8 +65,8 @@ async def _answer(
 
 async def chat_value(request: Request, st: ServerState, value) -> Response:
     try:
-        chat = parse_chat(value)
-    except PlainError as exc:
+        chat = parse_chat(value, st.settings.max_concurrent_requests)
+    except (PlainError, ApiError) as exc:
         return exc.response()
     st.metrics.count.inc()  # TGI counts a chat request here and again for its generation
     try:
@@ -71,18 +75,18 @@ async def chat_value(request: Request, st: ServerState, value) -> Response:
         st.metrics.failed(exc.metric_label)
         return exc.response()
     model = st.model_id if chat.model in (None, "tgi") else chat.model
-    created = int(time.time())
+    shape = Shape(new_id("chatcmpl"), model, int(time.time()), st.fingerprint)
     st.metrics.count.inc()
     try:
-        permit = acquire(st)
+        permit = acquire(st, chat.n)
     except ApiError as exc:
         return exc.response()
     if chat.stream:
-        shape = {"model": model, "created": created, "fingerprint": st.fingerprint}
         frames = chat_frames(st, chat, prompt, offered, shape)
         return sse(st, frames, chars=len(prompt), permit=permit, abort_frame=_openai_abort_frame())
     try:
-        outcome, prompt, tool_calls = await _answer(request, st, chat, prompt, offered)
+        answers = [_answer(request, st, chat.for_choice(j), prompt, offered) for j in range(chat.n)]
+        answers = await run_all(answers)
     except ApiError as exc:
         return exc.response()
     except ClientGone:
@@ -90,14 +94,13 @@ async def chat_value(request: Request, st: ServerState, value) -> Response:
     finally:
         permit.release()
     body = openai_format.chat_completion(
-        outcome.completion,
-        model=model,
-        created=created,
-        fingerprint=st.fingerprint,
+        [outcome.completion for outcome, _, _ in answers],
+        shape,
         with_logprobs=chat.logprobs,
-        tool_calls=tool_calls,
+        tool_calls=[calls for _, _, calls in answers],
     )
-    return json_response(body, timing_headers(st, len(prompt), [outcome]))
+    outcomes = [outcome for outcome, _, _ in answers]
+    return json_response(body, timing_headers(st, len(answers[0][1]), outcomes))
 
 
 async def chat_completions(request: Request) -> Response:

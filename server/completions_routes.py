@@ -1,152 +1,158 @@
-"""POST /v1/completions: one or several prompts (up to --max-client-batch-size), each an
-independent generation with special tokens added; streamed events of the prompts interleave
-and end with `data: [DONE]` (§2.7). A request takes one permit per prompt, all at once.
+"""POST /v1/completions: prompts (text or token ids, up to --max-client-batch-size) x `n`
+choices, each an independent generation (special tokens added to text prompts; token ids are
+taken as given). Streamed choices interleave, each event naming its `index`, and end with
+`data: [DONE]` (§2.7). A request takes one permit per choice, all at once. Parsing and the
+range checks are in server.completions_request, the JSON shapes in server.completions_format.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from server import errors, openai_format
-from server.chat import sampling_params
+from server.choices import merged, run_all
+from server.completions_format import (
+    TokenLogprobs,
+    choice_logprobs,
+    choice_text,
+    completion_chunk,
+    text_completion,
+)
+from server.completions_request import CompletionRequest, Prompt, parse_completion
 from server.engine_io import ClientGone
 from server.errors import ApiError, PlainError
-from server.fields import Fields, check, deserialize_error
 from server.generate_routes import json_response
 from server.generation import acquire, events, run_once, sse, timing_headers
 from server.jsonio import read_json
-from server.schemas import GenerateParams
+from server.openai_format import Shape, new_id
 from server.sse import DONE, event
 from server.state import ServerState, of
-
-_END = object()
-
-
-@dataclass(slots=True)
-class CompletionRequest:
-    prompts: list[str]
-    params: GenerateParams
-    stream: bool
+from tgix.engine.request import Completion
 
 
-def parse_completion(value, max_batch: int) -> CompletionRequest:
-    f = Fields(value, "CompletionRequest")
-    prompt = f.required("prompt", "any")
-    if isinstance(prompt, str):
-        prompts = [prompt]
-    else:
-        prompts = check(prompt, "list[str]", "prompt")
-        if not prompts:
-            raise deserialize_error(
-                "prompt", "Empty array detected. Do not use an empty array for the prompt."
-            )
-    if f.value.get("suffix") is not None:
-        raise ApiError(
-            422,
-            "Suffix is not supported and can be achieved by preprocessing the prompt.",
-            "suffix not supported",
-        )
-    if len(prompts) > max_batch:
-        raise ApiError(
-            422,
-            f"Number of prompts exceeds the maximum allowed batch size of {max_batch}",
-            "batch size exceeded",
-        )
-    params = sampling_params(f, max_tokens=f.optional("max_tokens", "u32"))
-    return CompletionRequest(prompts=prompts, params=params, stream=f.flag("stream"))
+def _decode(tokenizer, ids: tuple[int, ...]) -> str:
+    return tokenizer.decode(list(ids))
 
 
-async def _prompt_frames(
+async def _prompt_texts(st: ServerState, req: CompletionRequest) -> list[str | None]:
+    """Each prompt's text for `echo` (token ids decoded in the validation pool), else None."""
+    if not req.echo:
+        return [None] * len(req.prompts)
+    return [p if isinstance(p, str) else await st.validator.run(_decode, p) for p in req.prompts]
+
+
+async def _choice_frames(
     st: ServerState,
-    index: int,
-    prompt: str,
     req: CompletionRequest,
-    shape: dict,
-    out: asyncio.Queue,
-) -> None:
+    prompt: Prompt,
+    prompt_text: str | None,
+    index: int,
+    shape: Shape,
+) -> AsyncIterator[bytes | Completion]:
+    """One choice's events (the echoed prompt first), then its Completion."""
+    if prompt_text is not None:
+        yield event(completion_chunk(index, prompt_text, shape))
     hold = openai_format.StopHoldback(req.params.stop)
-    async with aclosing(events(st, prompt, req.params)) as stream:
+    offset = len(prompt_text or "")
+    params = req.choice_params(index % req.n)
+    async with aclosing(events(st, prompt, params)) as stream:
         async for ev, final in stream:
             text = hold.push("" if ev is None or ev.token.special else ev.token.text)
+            logprobs = None
+            if req.logprobs is not None and ev is not None and not req.score_only:
+                lists = TokenLogprobs(offset)
+                lists.add(ev.token, ev.top_tokens)
+                offset, logprobs = lists.offset, lists.body()
+            reason = None
             if final is not None:
                 text += hold.finish(final)
-            await out.put(event(openai_format.completion_chunk(index, text, final=final, **shape)))
+                reason = "length" if req.score_only else openai_format.finish_reason(final)
+            if req.score_only:
+                text = ""
+            yield event(completion_chunk(index, text, shape, logprobs=logprobs, reason=reason))
+            if final is not None:
+                yield final
 
 
-async def _frames(st: ServerState, req: CompletionRequest, shape: dict) -> AsyncIterator[bytes]:
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def run(index: int, prompt: str) -> None:
-        try:
-            await _prompt_frames(st, index, prompt, req, shape, queue)
-        except ApiError as exc:
-            await queue.put(exc)
-        finally:
-            await queue.put(_END)
-
-    tasks = [asyncio.ensure_future(run(i, p)) for i, p in enumerate(req.prompts)]
+async def _frames(
+    st: ServerState, req: CompletionRequest, texts: list[str | None], shape: Shape
+) -> AsyncIterator[bytes]:
+    finals: list[Completion] = []
+    choices = [
+        _choice_frames(st, req, prompt, texts[i], i * req.n + j, shape)
+        for i, prompt in enumerate(req.prompts)
+        for j in range(req.n)
+    ]
     try:
-        running = len(tasks)
-        while running:
-            item = await queue.get()
-            if item is _END:
-                running -= 1
-            elif isinstance(item, ApiError):
-                yield event(item.openai_body())
-                break
+        async for frame in merged(choices):
+            if isinstance(frame, Completion):
+                finals.append(frame)
             else:
-                yield item
-        yield DONE
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+                yield frame
+        if req.include_usage:
+            yield event(openai_format.usage_chunk(finals, shape, "text_completion"))
+    except ApiError as exc:
+        yield event(exc.openai_body())
+    yield DONE
 
 
-async def _run_all(request: Request, st: ServerState, req: CompletionRequest):
-    """All prompts concurrently; the first failure cancels the others."""
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [
-                group.create_task(run_once(request.receive, st, p, req.params)) for p in req.prompts
-            ]
-    except BaseExceptionGroup as group_error:
-        raise group_error.exceptions[0] from None
-    return [task.result() for task in tasks]
+async def _answers(request: Request, st: ServerState, req: CompletionRequest):
+    runs = [
+        run_once(request.receive, st, prompt, req.choice_params(j))
+        for prompt in req.prompts
+        for j in range(req.n)
+    ]
+    return await run_all(runs)
+
+
+def _body(req: CompletionRequest, outcomes, texts: list[str | None], shape: Shape) -> dict:
+    choices = []
+    for index, outcome in enumerate(outcomes):
+        c = outcome.completion
+        text = choice_text(c, texts[index // req.n], req.score_only)
+        logprobs = None
+        if req.logprobs is not None:
+            logprobs = choice_logprobs(c, echo=req.echo, score_only=req.score_only)
+        choices.append((c, text, logprobs))
+    return text_completion(choices, shape, score_only=req.score_only)
 
 
 async def completions_value(request: Request, st: ServerState, value) -> Response:
     try:
-        req = parse_completion(value, st.settings.max_client_batch_size)
+        req = parse_completion(value, st.settings)
     except (PlainError, ApiError) as exc:
         return exc.response()
-    st.metrics.count.inc(1 + len(req.prompts))  # TGI: the handler, then each prompt
-    shape = {"model": st.model_id, "created": int(time.time()), "fingerprint": st.fingerprint}
+    choices = len(req.prompts) * req.n
+    st.metrics.count.inc(1 + choices)  # TGI: the handler, then each generation
+    shape = Shape(new_id("cmpl"), st.model_id, int(time.time()), st.fingerprint)
     chars = sum(len(p) for p in req.prompts)
     try:
-        permit = acquire(st, len(req.prompts))
+        permit = acquire(st, choices)
     except ApiError as exc:
         return exc.response()
+    try:
+        texts = await _prompt_texts(st, req)
+    except BaseException:
+        permit.release()
+        raise
     if req.stream:
         abort = event(errors.shutting_down().openai_body()) + DONE
-        return sse(st, _frames(st, req, shape), chars=chars, permit=permit, abort_frame=abort)
+        frames = _frames(st, req, texts, shape)
+        return sse(st, frames, chars=chars, permit=permit, abort_frame=abort)
     try:
-        outcomes = await _run_all(request, st, req)
+        outcomes = await _answers(request, st, req)
     except ApiError as exc:
         return exc.response()
     except ClientGone:
         return Response(status_code=499)
     finally:
         permit.release()
-    body = openai_format.text_completion([o.completion for o in outcomes], **shape)
-    return json_response(body, timing_headers(st, chars, outcomes))
+    return json_response(_body(req, outcomes, texts, shape), timing_headers(st, chars, outcomes))
 
 
 async def completions(request: Request) -> Response:

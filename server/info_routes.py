@@ -1,5 +1,5 @@
-"""The non-generation routes: health (/health, /ping, GET /), /info, /v1/models, /metrics and
-the OpenAPI document.
+"""The non-generation routes: health (/health, /ping, GET /), /info, /v1/models (and
+/v1/models/{id}), /metrics and the OpenAPI document.
 
 /health is 200 with an empty body only while the engine reports healthy (warmed up and steps
 completing) and the server is not draining; otherwise 503 with TGI's healthcheck body.
@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from server import errors, metrics
+from server.errors import ApiError
 from server.generate_routes import json_response
 from server.openapi import document
 from server.state import of, version
@@ -46,10 +47,21 @@ async def info(request: Request) -> Response:
     )
 
 
+def _model_entry(model_id: str) -> dict:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": model_id}
+
+
 async def models(request: Request) -> Response:
+    return json_response({"object": "list", "data": [_model_entry(of(request).model_id)]})
+
+
+async def model(request: Request) -> Response:
+    """GET /v1/models/{id}: the served model, or 404 (in OpenAI's error shape, as /v1/*)."""
     model_id = of(request).model_id
-    entry = {"id": model_id, "object": "model", "created": 0, "owned_by": model_id}
-    return json_response({"object": "list", "data": [entry]})
+    if request.path_params["model_id"] != model_id:
+        detail = f"The model `{request.path_params['model_id']}` does not exist"
+        return ApiError(404, detail, "model_not_found").response()
+    return json_response(_model_entry(model_id))
 
 
 async def prometheus(request: Request) -> Response:

@@ -9,26 +9,46 @@ own routes keep both the stop text and TGI's reasons.
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from server.jsonio import f32
-from server.tools import compact
 from tgix.engine.request import Completion, TokenEvent, TokenInfo
 
 
-def _header(obj: str, *, model: str, created: int, fingerprint: str) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What every object of one response repeats: its id (one per response, shared by a
+    stream's chunks), model, creation time and system fingerprint."""
+
+    id: str
+    model: str
+    created: int
+    fingerprint: str
+
+
+def new_id(prefix: str) -> str:
+    """A unique response id, OpenAI's way (`chatcmpl-...`, `cmpl-...`; TGI sends "")."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def header(obj: str, shape: Shape) -> dict[str, Any]:
     """The keys every OpenAI object starts with, in OpenAI's order."""
     return {
         "object": obj,
-        "id": "",
-        "created": created,
-        "model": model,
-        "system_fingerprint": fingerprint,
+        "id": shape.id,
+        "created": shape.created,
+        "model": shape.model,
+        "system_fingerprint": shape.fingerprint,
     }
 
 
-def finish_reason(c: Completion) -> str:
-    return "length" if c.finish_reason == "length" else "stop"
+def finish_reason(c: Completion, *, tool_call: bool = False) -> str:
+    """OpenAI's words: `length`, `tool_calls` for a call (TGI: `stop`), else `stop`."""
+    if c.finish_reason == "length":
+        return "length"
+    return "tool_calls" if tool_call else "stop"
 
 
 def visible_text(c: Completion) -> str:
@@ -64,68 +84,71 @@ def logprobs(c: Completion) -> dict[str, Any]:
     return {"content": [_logprob(t, top) for t, top in zip(c.tokens, tops, strict=False)]}
 
 
-def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+def tool_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     """One entry of a message's `tool_calls` as TGI writes it (`arguments` a JSON string)."""
-    function = {"description": None, "name": name, "arguments": compact(arguments)}
+    function = {"description": None, "name": name, "arguments": arguments}
     return {"id": call_id, "type": "function", "function": function}
 
 
 def tool_delta(call_id: str, name: str | None, arguments: str) -> dict[str, Any]:
-    """A streamed chunk's delta for a piece of a tool call (§8.4)."""
+    """A streamed chunk's delta for a piece of a tool call: the first piece (with the name)
+    carries the call's id, type and name, later pieces only the index and argument text,
+    as OpenAI streams them (clients that merge pieces by concatenation rely on that)."""
+    if name is None:
+        return {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}
     call = {"index": 0, "id": call_id, "type": "function"}
-    return {
-        "role": "assistant",
-        "tool_calls": [{**call, "function": {"name": name, "arguments": arguments}}],
-    }
+    return {"tool_calls": [{**call, "function": {"name": name, "arguments": arguments}}]}
 
 
 def chat_completion(
-    c: Completion,
+    completions: list[Completion],
+    shape: Shape,
     *,
-    model: str,
-    created: int,
-    fingerprint: str,
     with_logprobs: bool,
-    tool_calls: list[dict[str, Any]] | None = None,
+    tool_calls: list[list[dict[str, Any]] | None],
 ) -> dict[str, Any]:
-    """A chat.completion; with `tool_calls` the message has them and no `content` key."""
-    message: dict[str, Any] = {"role": "assistant"}
-    if tool_calls is None:
-        message["content"] = visible_text(c)
-    else:
-        message["tool_calls"] = tool_calls
-    return {
-        **_header("chat.completion", model=model, created=created, fingerprint=fingerprint),
-        "choices": [
+    """A chat.completion with one choice per Completion; a choice with tool calls has them
+    and no `content` key."""
+    choices = []
+    for i, (c, calls) in enumerate(zip(completions, tool_calls, strict=True)):
+        message: dict[str, Any] = {"role": "assistant"}
+        if calls is None:
+            message["content"] = visible_text(c)
+        else:
+            message["tool_calls"] = calls
+        choices.append(
             {
-                "index": 0,
+                "index": i,
                 "message": message,
                 "logprobs": logprobs(c) if with_logprobs else None,
-                "finish_reason": finish_reason(c),
+                "finish_reason": finish_reason(c, tool_call=calls is not None),
             }
-        ],
-        "usage": usage([c]),
-    }
+        )
+    return {**header("chat.completion", shape), "choices": choices, "usage": usage(completions)}
 
 
 def chat_chunk(
     delta: str | dict[str, Any],
+    shape: Shape,
     *,
-    model: str,
-    created: int,
-    fingerprint: str,
+    index: int = 0,
+    first: bool = False,
     ev: TokenEvent | None = None,
     reason: str | None = None,
 ) -> dict[str, Any]:
-    """One chat.completion.chunk: `delta` is the content text or a ready delta (tool_delta);
-    `ev` adds its logprobs, `reason` marks the last one."""
+    """One chat.completion.chunk of choice `index`: `delta` is the content text or a ready
+    delta (tool_delta); the choice's `first` chunk says the role (OpenAI's framing: TGI
+    repeats it, which clients that merge deltas by concatenation turn into "assistantassistant");
+    `ev` adds its logprobs, `reason` marks the choice's last chunk."""
     if isinstance(delta, str):
-        delta = {"role": "assistant", "content": delta}
+        delta = {"content": delta}
+    if first:
+        delta = {"role": "assistant", **delta}
     return {
-        **_header("chat.completion.chunk", model=model, created=created, fingerprint=fingerprint),
+        **header("chat.completion.chunk", shape),
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "delta": delta,
                 "logprobs": None
                 if ev is None
@@ -137,61 +160,9 @@ def chat_chunk(
     }
 
 
-def usage_chunk(c: Completion, *, model: str, created: int, fingerprint: str) -> dict[str, Any]:
-    return {
-        **_header("chat.completion.chunk", model=model, created=created, fingerprint=fingerprint),
-        "choices": [],
-        "usage": usage([c]),
-    }
-
-
-def text_completion(
-    completions: list[Completion], *, model: str, created: int, fingerprint: str
-) -> dict[str, Any]:
-    return {
-        **_header("text_completion", model=model, created=created, fingerprint=fingerprint),
-        "choices": [
-            {
-                "index": i,
-                "text": visible_text(c),
-                "logprobs": None,
-                "finish_reason": finish_reason(c),
-            }
-            for i, c in enumerate(completions)
-        ],
-        "usage": usage(completions),
-    }
-
-
-def completion_chunk(
-    index: int,
-    text: str,
-    *,
-    model: str,
-    created: int,
-    fingerprint: str,
-    final: Completion | None = None,
-) -> dict[str, Any]:
-    """TGI's streamed text_completion event: `finish_reason` "" until the prompt's last
-    event, which also carries that prompt's `usage`."""
-    out: dict[str, Any] = {
-        "object": "text_completion",
-        "id": "",
-        "created": created,
-        "choices": [
-            {
-                "index": index,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": "" if final is None else finish_reason(final),
-            }
-        ],
-        "model": model,
-        "system_fingerprint": fingerprint,
-    }
-    if final is not None:
-        out["usage"] = usage([final])
-    return out
+def usage_chunk(completions: list[Completion], shape: Shape, obj: str) -> dict[str, Any]:
+    """The stream's last chunk with `stream_options.include_usage`: every choice summed."""
+    return {**header(obj, shape), "choices": [], "usage": usage(completions)}
 
 
 class StopHoldback:

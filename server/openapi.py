@@ -185,6 +185,9 @@ def document(version: str) -> dict[str, Any]:
         "/ping": {"get": _op("Health check", None, _PLAIN, 503)},
         "/metrics": {"get": _op("Prometheus metrics", None, {"description": "text/plain"})},
         "/v1/models": {"get": _op("Served model", None, _json({"type": "object"}))},
+        "/v1/models/{model_id}": {
+            "get": _op("The served model, or 404", None, _json({"type": "object"}))
+        },
     }
     return {
         "openapi": "3.1.0",

@@ -148,10 +148,22 @@ class Validator:
             ids = ids[-truncate:]  # TGI keeps the last tokens
         return tuple(ids)
 
+    def _token_ids(self, ids: tuple[int, ...], truncate: int | None) -> tuple[int, ...]:
+        """A prompt given as token ids (OpenAI completions): each must be in the vocabulary."""
+        vocab = getattr(self.shared_tokenizer, "vocab_size", None)
+        if vocab is not None:
+            for i in ids:
+                if not 0 <= i < vocab:
+                    raise errors.validation(
+                        f"token id {i} is outside the vocabulary (0..{vocab - 1})"
+                    )
+        return ids[-truncate:] if truncate is not None and len(ids) > truncate else ids
+
     async def validate(
-        self, inputs: str, p: GenerateParams, *, add_special_tokens: bool = True
+        self, inputs: str | tuple[int, ...], p: GenerateParams, *, add_special_tokens: bool = True
     ) -> GenerationRequest:
-        """All of §3.2 after the permit: parameters, inputs, tokens, budget, grammar."""
+        """All of §3.2 after the permit: parameters, inputs, tokens, budget, grammar. `inputs`
+        is text, or token ids taken as they are (no special tokens added)."""
         sampling = self.sampling(p)
         if not inputs:
             raise errors.validation("`inputs` cannot be empty")
@@ -161,7 +173,10 @@ class Validator:
                 "`truncate` must be strictly positive and less than "
                 f"{max_input}. Given: {p.truncate}"
             )
-        ids = await self.run(self._tokenize, inputs, add_special_tokens, p.truncate)
+        if isinstance(inputs, tuple):
+            ids = self._token_ids(inputs, p.truncate)
+        else:
+            ids = await self.run(self._tokenize, inputs, add_special_tokens, p.truncate)
         input_length = len(ids)
         room = max(max_total - input_length, 0)
         if p.max_new_tokens is None:

@@ -40,6 +40,7 @@ _END = object()
 
 
 PIECE_BASE = 0x110000 + 10  # ids above every character's: multi-character scripted tokens
+VOCAB_SIZE = PIECE_BASE + 1000
 _PIECES: dict[int, str] = {}
 _PIECE_IDS: dict[str, int] = {}
 
@@ -84,6 +85,10 @@ class FakeTokenizer:
         """Stateless enough to share: the validator's per-thread copies are this object, so
         tests can see every call."""
         return self
+
+    @property
+    def vocab_size(self) -> int:
+        return VOCAB_SIZE
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         self.encode_calls.append(text)

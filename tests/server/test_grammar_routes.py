@@ -26,6 +26,11 @@ def _validation(message: str) -> bytes:
     return f'{{"error":"Input validation error: {message}","error_type":"validation"}}'.encode()
 
 
+def _oai(message: str, error_type: str = "validation") -> dict:
+    """/v1/*'s error body (the OpenAI SDK's shape) for a 422."""
+    return {"error": {"message": message, "type": error_type, "param": None, "code": 422}}
+
+
 GENERATE_GRAMMARS = [
     ({"type": "json", "value": SCHEMA}, GrammarSpec("json", SCHEMA_TEXT)),
     ({"type": "json", "value": SCHEMA_TEXT}, GrammarSpec("json", SCHEMA_TEXT)),
@@ -146,7 +151,8 @@ def test_disable_grammar_support(make_client):
     tool_request = {"tools": tools, "tool_choice": "required", "tool_prompt": "x"}
     for extra in ({"response_format": {"type": "json_object"}}, tool_request):
         r = client.post("/v1/chat/completions", json={"messages": USER, **extra})
-        assert (r.status_code, r.content) == (422, NOT_SUPPORTED)
+        message = "Input validation error: grammar is not supported"
+        assert (r.status_code, r.json()) == (422, _oai(message))
         r = client.post("/v1/chat/completions", json={"messages": USER, "stream": True, **extra})
         assert r.status_code == 200
         assert r.text == (
@@ -227,18 +233,17 @@ def test_chat_response_format_errors(http):
         return http.post("/v1/chat/completions", json=body)
 
     r = post({"type": "xml"})
-    assert (r.status_code, r.text) == (
-        422,
+    message = (
         DESERIALIZE + "response_format.type: unknown variant `xml`, expected one of `json`, "
-        "`json_object`, `json_schema`, `regex`, `text`",
+        "`json_object`, `json_schema`, `regex`, `text`"
     )
+    assert (r.status_code, r.json()) == (422, _oai(message, "invalid_request_error"))
     r = post({"type": "json_schema", "json_schema": {"name": "t"}})
-    assert r.text == DESERIALIZE + "response_format.json_schema: missing field `schema`"
+    message = DESERIALIZE + "response_format.json_schema: missing field `schema`"
+    assert r.json() == _oai(message, "invalid_request_error")
     r = post({"type": "json", "value": {"enum": ["BAD"]}})
-    assert (r.status_code, r.content) == (
-        422,
-        _validation("cannot compile json grammar: BAD is not allowed"),
-    )
+    message = "Input validation error: cannot compile json grammar: BAD is not allowed"
+    assert (r.status_code, r.json()) == (422, _oai(message))
     r = post({"type": "json", "value": {"enum": ["BAD"]}}, stream=True)
     assert r.text == (
         'data: {"error":{"message":"Input validation error: cannot compile json grammar: BAD is '

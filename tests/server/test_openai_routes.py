@@ -12,6 +12,11 @@ USER = [{"role": "user", "content": "Hi"}]
 PROMPT = "<|user|>Hi\n<|assistant|>"
 
 
+def oai(status: int, message: str, error_type: str) -> dict:
+    """The OpenAI SDK's error body, as /v1/* writes it (TGI's status and message)."""
+    return {"error": {"message": message, "type": error_type, "param": None, "code": status}}
+
+
 def _events(text: str) -> list:
     frames = [f for f in text.split("\n\n") if f]
     assert all(f.startswith("data: ") for f in frames)
@@ -22,10 +27,11 @@ def test_chat_golden_bytes(http, live):
     r = http.post("/v1/chat/completions", json={"model": "tgi", "messages": USER, "max_tokens": 4})
     assert r.status_code == 200
     body = r.json()
-    created = body["created"]
+    created, rid = body["created"], body["id"]
+    assert rid.startswith("chatcmpl-") and len(rid) > 20
     n = len(PROMPT)
     assert r.text == (
-        f'{{"object":"chat.completion","id":"","created":{created},"model":"fake/echo",'
+        f'{{"object":"chat.completion","id":"{rid}","created":{created},"model":"fake/echo",'
         '"system_fingerprint":"0.1.0-native","choices":[{"index":0,"message":{"role":"assistant",'
         '"content":"<|us"},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":'
         f'{n},"completion_tokens":4,"total_tokens":{n + 4}}}}}'
@@ -83,9 +89,10 @@ def test_chat_stream_golden_bytes_with_usage_and_logprobs(http):
     }
     r = http.post("/v1/chat/completions", json=body)
     assert r.headers["content-type"] == "text/event-stream"
-    created = _events(r.text)[0]["created"]
+    created, rid = _events(r.text)[0]["created"], _events(r.text)[0]["id"]
+    assert rid.startswith("chatcmpl-")  # one id, shared by every chunk of the stream
     head = (
-        f'{{"object":"chat.completion.chunk","id":"","created":{created},"model":"fake/echo",'
+        f'{{"object":"chat.completion.chunk","id":"{rid}","created":{created},"model":"fake/echo",'
         '"system_fingerprint":"0.1.0-native","choices":'
     )
 
@@ -96,7 +103,7 @@ def test_chat_stream_golden_bytes_with_usage_and_logprobs(http):
     assert r.text == (
         f'data: {head}[{{"index":0,"delta":{{"role":"assistant","content":"<"}},"logprobs":'
         f'{lp("<")},"finish_reason":null}}],"usage":null}}\n\n'
-        f'data: {head}[{{"index":0,"delta":{{"role":"assistant","content":"|"}},"logprobs":'
+        f'data: {head}[{{"index":0,"delta":{{"content":"|"}},"logprobs":'
         f'{lp("|")},"finish_reason":"length"}}],"usage":null}}\n\n'
         f'data: {head}[],"usage":{{"prompt_tokens":{len(PROMPT)},"completion_tokens":2,'
         f'"total_tokens":{len(PROMPT) + 2}}}}}\n\n'
@@ -134,7 +141,7 @@ def test_chat_validation_errors_inside_the_stream(http, live):
         'Given: 9","http_status_code":422}}\n\ndata: [DONE]\n\n'
     )
     r = http.post("/v1/chat/completions", json={"messages": USER, "top_logprobs": 9})
-    assert r.status_code == 422 and r.json()["error_type"] == "validation"
+    assert r.status_code == 422 and r.json()["error"]["type"] == "validation"
     assert live.engine.submitted == []
 
 
@@ -146,26 +153,20 @@ def test_chat_request_shape_errors_are_http_422(http, stream):
     r = post(messages=[{"role": "user", "content": "RAISE"}])
     assert (r.status_code, r.json()) == (
         422,
-        {
-            "error": "Template error: Conversation roles must alternate",
-            "error_type": "template_error",
-        },
+        oai(422, "Template error: Conversation roles must alternate", "template_error"),
     )
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
     r = post(tools=tools, response_format={"type": "json", "value": {"properties": {}}})
-    assert r.json() == {
-        "error": "Tool error: Grammar and tools are mutually exclusive",
-        "error_type": "tool_error",
-    }
+    assert r.json() == oai(
+        422, "Tool error: Grammar and tools are mutually exclusive", "tool_error"
+    )
     r = post(tools=tools, tool_choice={"type": "function", "function": {"name": "nope"}})
-    assert r.json() == {
-        "error": "Tool error: Tool with name nope not found",
-        "error_type": "tool_error",
-    }
-    r = post(messages=[{"role": "user", "content": None}])
-    assert r.status_code == 422 and r.headers["content-type"].startswith("text/plain")
+    assert r.json() == oai(422, "Tool error: Tool with name nope not found", "tool_error")
+    r = post(messages=[{"role": "user", "content": None}])  # TGI: plain text; here OpenAI's
+    assert r.status_code == 422 and r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["message"].startswith("Failed to deserialize the JSON body")
     r = post(stream_options=None, logprobs="yes")
-    assert r.status_code == 422 and "logprobs: invalid type" in r.text
+    assert r.status_code == 422 and "logprobs: invalid type" in r.json()["error"]["message"]
 
 
 def test_no_chat_template(make_client):
@@ -173,10 +174,7 @@ def test_no_chat_template(make_client):
 
     client, _ = make_client(FakeEngine(chat_template=None))
     r = client.post("/v1/chat/completions", json={"messages": USER})
-    assert r.json() == {
-        "error": "Template error: template not found",
-        "error_type": "template_error",
-    }
+    assert r.json() == oai(422, "Template error: template not found", "template_error")
 
 
 def test_continue_final_assistant_message(http, live):
@@ -197,9 +195,10 @@ def test_chat_tokenize(http):
 
 def test_completions_several_prompts(http, live):
     r = http.post("/v1/completions", json={"prompt": ["ab", "xyz"], "max_tokens": 2, "seed": 1})
-    created = r.json()["created"]
+    created, rid = r.json()["created"], r.json()["id"]
+    assert rid.startswith("cmpl-")
     assert r.text == (
-        f'{{"object":"text_completion","id":"","created":{created},"model":"fake/echo",'
+        f'{{"object":"text_completion","id":"{rid}","created":{created},"model":"fake/echo",'
         '"system_fingerprint":"0.1.0-native","choices":[{"index":0,"text":"ab","logprobs":null,'
         '"finish_reason":"length"},{"index":1,"text":"xy","logprobs":null,"finish_reason":'
         '"length"}],"usage":{"prompt_tokens":7,"completion_tokens":4,"total_tokens":11}}'
@@ -218,7 +217,8 @@ def test_ignore_eos_is_vllms_extension_on_openai_routes(http, live):
     assert [r.ignore_eos for r in live.engine.submitted[-3:]] == [True, True, False]
     r = http.post("/v1/completions", json={"prompt": "ab", "ignore_eos": "yes"})
     assert r.status_code == 422
-    assert r.text.endswith('ignore_eos: invalid type: string "yes", expected a boolean')
+    message = r.json()["error"]["message"]
+    assert message.endswith('ignore_eos: invalid type: string "yes", expected a boolean')
 
 
 def test_completions_stream_interleaves_and_ends_with_done(http):
@@ -226,32 +226,37 @@ def test_completions_stream_interleaves_and_ends_with_done(http):
     events = _events(r.text)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
-    assert list(chunks[0]) == ["object", "id", "created", "choices", "model", "system_fingerprint"]
+    keys = ["object", "id", "created", "model", "system_fingerprint", "choices", "usage"]
+    assert list(chunks[0]) == keys and len({c["id"] for c in chunks}) == 1
     for index, text in ((0, "ab"), (1, "cd")):
         mine = [c for c in chunks if c["choices"][0]["index"] == index]
         assert "".join(c["choices"][0]["text"] for c in mine) == text
-        assert [c["choices"][0]["finish_reason"] for c in mine] == ["", "length"]
-        assert mine[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-        assert "usage" not in mine[0]
+        # OpenAI's: null until the last (TGI: "" and its own words), usage only on request
+        assert [c["choices"][0]["finish_reason"] for c in mine] == [None, "length"]
+        assert all(c["usage"] is None for c in mine)
+    body = {"prompt": ["ab", "cd"], "max_tokens": 2, "stream": True}
+    r = http.post("/v1/completions", json={**body, "stream_options": {"include_usage": True}})
+    *chunks, last, done = _events(r.text)
+    assert done == "[DONE]" and last["choices"] == []
+    assert last["usage"] == {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10}
+    assert all(c["usage"] is None for c in chunks)
 
 
 def test_completions_errors(http, live):
     r = http.post("/v1/completions", json={"prompt": "a", "suffix": "b"})
     assert r.content == (
-        b'{"error":"Suffix is not supported and can be achieved by preprocessing the prompt.",'
-        b'"error_type":"suffix not supported"}'
+        b'{"error":{"message":"Suffix is not supported and can be achieved by preprocessing the '
+        b'prompt.","type":"suffix not supported","param":null,"code":422}}'
     )
     r = http.post("/v1/completions", json={"prompt": ["a"] * 4})
     assert r.status_code == 422
-    assert r.json() == {
-        "error": "Number of prompts exceeds the maximum allowed batch size of 3",
-        "error_type": "batch size exceeded",
-    }
+    message = "Number of prompts exceeds the maximum allowed batch size of 3"
+    assert r.json() == oai(422, message, "batch size exceeded")
     r = http.post("/v1/completions", json={"prompt": []})
     assert r.status_code == 422
     assert "Empty array detected. Do not use an empty array for the prompt." in r.text
     r = http.post("/v1/completions", json={"prompt": ["ok", ""], "max_tokens": 2})
-    assert r.status_code == 422 and "`inputs` cannot be empty" in r.json()["error"]
+    assert r.status_code == 422 and "`inputs` cannot be empty" in r.json()["error"]["message"]
     r = http.post("/v1/completions", json={"prompt": ["ok", ""], "max_tokens": 2, "stream": True})
     assert r.text.endswith(
         'data: {"error":{"message":"Input validation error: `inputs` cannot be empty",'

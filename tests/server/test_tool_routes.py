@@ -35,7 +35,7 @@ CALL = '{"function": {"_name": "get_weather", "city": "Paris"}}'
 CALL_PIECES = ['{"', "function", '":', ' {"', "_name", '":', ' "', "get_weather", '",', ' "']
 CALL_PIECES += ["city", '":', ' "', "Paris", '"}}']
 NO_TOOL_PIECES = ['{"function": {"_name": "no', "_tool", '"}}']
-HEAD = '{"object":"chat.completion.chunk","id":"","created":%d,"model":"fake/echo",'
+HEAD = '{"object":"chat.completion.chunk","id":"%s","created":%d,"model":"fake/echo",'
 HEAD += '"system_fingerprint":"0.1.0-native","choices":'
 
 
@@ -105,11 +105,11 @@ def test_non_streamed_tool_call_golden_bytes(tool):
     (request,) = tool.engine.submitted
     prompt_tokens, completion_tokens = len(request.prompt_ids), len(CALL) + 1  # + EOS
     assert r.text == (
-        f'{{"object":"chat.completion","id":"","created":{r.json()["created"]},'
+        f'{{"object":"chat.completion","id":"{r.json()["id"]}","created":{r.json()["created"]},'
         '"model":"fake/echo","system_fingerprint":"0.1.0-native","choices":[{"index":0,'
         '"message":{"role":"assistant","tool_calls":[{"id":"0","type":"function","function":'
         '{"description":null,"name":"get_weather","arguments":"{\\"city\\":\\"Paris\\"}"}}]},'
-        '"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":'
+        '"logprobs":null,"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":'
         f'{prompt_tokens},"completion_tokens":{completion_tokens},"total_tokens":'
         f"{prompt_tokens + completion_tokens}}}}}"
     )
@@ -121,26 +121,33 @@ def test_streamed_tool_call_golden_bytes(tool):
     tool.engine.knobs.replies = [CALL_PIECES]
     r = _post(tool, stream=True, stream_options={"include_usage": True})
     assert r.status_code == 200 and r.headers["content-type"] == "text/event-stream"
-    created = json.loads(r.text.split("\n\n")[0][6:])["created"]
-    head = HEAD % created
+    first = json.loads(r.text.split("\n\n")[0][6:])
+    head = HEAD % (first["id"], first["created"])
 
-    def chunk(name, arguments):
-        name = "null" if name is None else f'"{name}"'
-        call = f'{{"index":0,"id":"0","type":"function","function":{{"name":{name},"arguments":'
-        delta = f'{{"role":"assistant","tool_calls":[{call}{json.dumps(arguments)}}}}}]}}'
-        choice = f'[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}]'
+    def chunk(delta, reason="null"):
+        choice = f'[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{reason}}}]'
         return f'data: {head}{choice},"usage":null}}\n\n'
+
+    def piece(arguments):  # OpenAI's framing: id, type and name in the first piece only
+        call = f'{{"index":0,"function":{{"arguments":{json.dumps(arguments)}}}}}'
+        return chunk(f'{{"tool_calls":[{call}]}}')
 
     (request,) = tool.engine.submitted
     n = len(request.prompt_ids)
     usage = f'"usage":{{"prompt_tokens":{n},"completion_tokens":16,"total_tokens":{n + 16}}}'
-    pieces = [' "', "city", '":', ' "', "Paris", '"}']  # the closing brace trimmed
+    call = (
+        '{"index":0,"id":"0","type":"function","function":{"name":"get_weather","arguments":"{"}}'
+    )
+    # the model's tokens, whitespace and all: ' "', "city", '":', ' "', "Paris", '"}}'
+    pieces = ['"city":', '"', "Paris", '"}']  # canonical: no spaces; the call's "}" kept
     assert r.text == (
-        chunk("get_weather", "{")
-        + "".join(chunk(None, p) for p in pieces)
+        chunk(f'{{"role":"assistant","tool_calls":[{call}]}}')
+        + "".join(piece(p) for p in pieces)
+        + chunk("{}", '"tool_calls"')
         + f"data: {head}[],{usage}}}\n\n"
         + "data: [DONE]\n\n"
     )
+    assert "{" + "".join(pieces) == '{"city":"Paris"}'  # the non-streamed `arguments`
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -159,9 +166,9 @@ def test_no_tool_runs_the_request_again_without_tools(tool, stream):
         return
     events = [json.loads(f[6:]) for f in r.text.split("\n\n")[:-2]]
     assert [e["choices"][0]["delta"] for e in events] == [
-        {"role": "assistant", "content": "O"},
-        {"role": "assistant", "content": "K"},
-        {"role": "assistant", "content": ""},
+        {"role": "assistant", "content": "O"},  # the role in the first chunk only (OpenAI's)
+        {"content": "K"},
+        {"content": ""},
     ]
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
     assert r.text.endswith("\n\ndata: [DONE]\n\n")
@@ -170,17 +177,18 @@ def test_no_tool_runs_the_request_again_without_tools(tool, stream):
 def test_an_answer_that_is_not_a_call_is_a_tool_error(tool):
     tool.engine.knobs.replies = [CALL]
     r = _post(tool, max_tokens=12)
+    message = (
+        "Tool error: Failed to parse generated text: EOF while parsing a value at "
+        'line 1 column 12 "{\\"function\\":"'
+    )
     assert (r.status_code, r.json()) == (
         422,
-        {
-            "error": "Tool error: Failed to parse generated text: EOF while parsing a value at "
-            'line 1 column 12 "{\\"function\\":"',
-            "error_type": "tool_error",
-        },
+        {"error": {"message": message, "type": "tool_error", "param": None, "code": 422}},
     )
     tool.engine.knobs.replies = [CALL]
-    r = _post(tool, max_tokens=12, stream=True)  # streamed: nothing parses, nothing is sent
-    assert r.text == "data: [DONE]\n\n"
+    r = _post(tool, max_tokens=12, stream=True)  # streamed: the same error, as an event
+    error = {"error": {"message": message, "http_status_code": 422}}
+    assert r.text == f"data: {json.dumps(error, separators=(',', ':'))}\n\ndata: [DONE]\n\n"
 
 
 def test_tool_call_ids_follow_the_conversation(tool):
@@ -240,9 +248,10 @@ def test_openai_sdk_reads_tool_calls(tool):
     chunks = list(
         client.chat.completions.create(model="tgi", messages=USER, tools=[WEATHER], stream=True)
     )
-    deltas = [c.choices[0].delta.tool_calls[0] for c in chunks]
-    assert deltas[0].function.name == "get_weather"
-    assert json.loads("".join(d.function.arguments for d in deltas)) == {"city": "Paris"}
+    deltas = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices[0].delta.tool_calls]
+    assert deltas[0].function.name == "get_weather" and deltas[0].id == "0"
+    assert "".join(d.function.arguments for d in deltas) == call.function.arguments
+    assert [c.choices[0].finish_reason for c in chunks][-2:] == [None, "tool_calls"]
 
 
 def test_huggingface_hub_response_formats_and_tool_calls(tool):
@@ -266,7 +275,8 @@ def test_huggingface_hub_response_formats_and_tool_calls(tool):
         '{"city":"Paris"}',
     )
     chunks = list(client.chat_completion(USER, max_tokens=100, tools=[WEATHER], stream=True))
-    assert chunks[0].choices[0].delta.tool_calls[0].function.name == "get_weather"
-    assert "".join(c.choices[0].delta.tool_calls[0].function.arguments for c in chunks) == (
-        '{ "city": "Paris"}'
-    )
+    calls = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices[0].delta.tool_calls]
+    assert calls[0].function.name == "get_weather"
+    # the streamed pieces join to exactly the non-streamed string (TGI: '{ "city": "Paris"}')
+    assert "".join(c.function.arguments for c in calls) == '{"city":"Paris"}'
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -147,7 +147,7 @@ def test_parse_tool_choice_forms():
 
 def test_parse_call():
     text = '{"function": {"_name": "get_weather", "unit": "c", "city": "Paris"}}'
-    assert parse_call(text) == ("get_weather", {"unit": "c", "city": "Paris"})
+    assert parse_call(text) == ("get_weather", '{"unit":"c","city":"Paris"}')
     cases = [
         ('{"function":', 'EOF while parsing a value at line 1 column 12 "{\\"function\\":"'),
         ("[1]", 'invalid type: sequence, expected struct Call "[1]"'),
@@ -179,19 +179,25 @@ def _push_all(stream: ToolStream, tokens: list[str]) -> list:
     return [stream.push(t) for t in tokens]
 
 
-def test_tool_stream_follows_tgis_get_weather_sequence():
+def test_tool_stream_sends_every_argument_character():
+    """TGI's get_weather token sequence: the name once `_name` closes, then the arguments as
+    they settle, canonical (no spaces), joined equal to the non-streamed string."""
     head = ['{"', "function", '":', ' {"', "_", "name", '":', ' "', "get", "_current", "_weather"]
     args = [' "', "location", '":', ' "', "San", " Francisco", ",", " CA", '",', ' "']
     args += ["format", '":', ' "', "c", "elsius", '"}}']
     stream = ToolStream()
     assert _push_all(stream, head) == [[]] * len(head)
     assert stream.push('",') == [("get_current_weather", "{")]
-    out = _push_all(stream, args)
+    out = [o for o in _push_all(stream, args) if o]
     assert all(len(o) == 1 and o[0][0] is None for o in out)
-    assert "{" + "".join(o[0][1] for o in out) == (
-        '{ "location": "San Francisco, CA", "format": "celsius"}'
-    )
-    assert stream.push("</s>", special=True) == []  # nothing after the call closes
+    assert [o[0][1] for o in out] == [
+        '"location":', '"', "San", " Francisco", ",", " CA", '"', ',"format":', '"', "c",
+        "elsius", '"}',
+    ]  # fmt: skip
+    text = "".join(head + ['",'] + args)
+    assert "{" + "".join(o[0][1] for o in out) == parse_call(text)[1]
+    assert parse_call(text)[1] == '{"location":"San Francisco, CA","format":"celsius"}'
+    assert stream.done and stream.push("</s>", special=True) == []  # nothing after the call
 
 
 def test_tool_stream_no_tool_and_special_tokens():
@@ -200,8 +206,16 @@ def test_tool_stream_no_tool_and_special_tokens():
     assert _push_all(stream, tokens) == [[]] * len(tokens)
     assert stream.push('",') == CHOSE_NO_TOOL
     stream = ToolStream()
-    _push_all(stream, ['{"function":{"_name":"f"', ","])
-    assert stream.push("<x>", special=True) == [(None, None)]
+    assert _push_all(stream, ['{"function":{"_name":"f"', ","]) == [[("f", "{")], []]
+    assert stream.push("<x>", special=True) == []  # a special token carries no call text
+    assert stream.push('"a":1}}') == [(None, '"a":1}')]
+
+
+def test_arguments_before_the_name_wait_for_it():
+    stream = ToolStream()
+    assert stream.push('{"function": {"b": [1, 2.50], ') == []
+    assert stream.push('"_name": "f", "c"') == [("f", '{"b":[1,2.5]')]
+    assert stream.push(": null}}") == [(None, ',"c":null}')]
 
 
 def test_tool_defs_are_kept_under_the_tool_name():
