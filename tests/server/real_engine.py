@@ -22,6 +22,7 @@ ARGV = [
     "--max-batch-total-tokens", "1024",
     "--max-batch-size", "4",
     "--max-concurrent-requests", "32",
+    "--enable-prefill-logprobs",  # completions' echo + logprobs (lm-evaluation-harness)
 ]  # fmt: skip
 PROMPT = "What is the time?"
 N = 12  # greedy tokens compared everywhere
@@ -52,7 +53,10 @@ def _engine_for(settings, path, xla_cache, hook):
     loaded = load_model(str(path))
     limits = limit_request(settings)
     options = EngineOptions(
-        compilation_cache=xla_cache, progress=False, max_top_n_tokens=settings.max_top_n_tokens
+        compilation_cache=xla_cache,
+        progress=False,
+        max_top_n_tokens=settings.max_top_n_tokens,
+        prompt_logprobs=settings.enable_prefill_logprobs,
     )
     return create_engine(
         loaded,
@@ -107,9 +111,9 @@ class Real:
         return out
 
 
-def start(tiny_checkpoints, tmp_path_factory):
+def start(tiny_checkpoints, tmp_path_factory, argv: list[str] = ARGV):
     """Build the engine and its server; yields a Real, then stops both."""
-    settings = parse_args(ARGV, environ={})
+    settings = parse_args(argv, environ={})
     hook = SlowSteps()
     xla_cache = str(tmp_path_factory.mktemp("xla-cache-server"))
     engine = _engine_for(settings, tiny_checkpoints("llama"), xla_cache, hook)

@@ -103,7 +103,10 @@ def test_generate_greedy_equals_the_engine(live, http):
     )
     assert details["finish_reason"] == direct.finish_reason
     assert details["generated_tokens"] == direct.generated_tokens
-    assert details["prefill"] == []  # --enable-prefill-logprobs is off
+    prompt_ids = live.tokenizer.encode(PROMPT)  # --enable-prefill-logprobs is on here
+    assert [t["id"] for t in details["prefill"]] == prompt_ids
+    assert details["prefill"][0]["logprob"] is None
+    assert all(t["logprob"] < 0 for t in details["prefill"][1:])
     assert details["seed"] is None
     assert "top_tokens" not in details and "best_of_sequences" not in details
     assert r.headers["x-generated-tokens"] == str(direct.generated_tokens)
@@ -380,7 +383,17 @@ def test_429_under_overload_with_the_real_engine(live):
             raw = RawRequest(server.port, path, body).read_all()
             head, _, payload = raw.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 429 "), (path, raw)
-            assert payload == b'{"error":"Model is overloaded","error_type":"overloaded"}'
+            if path.startswith("/v1/"):  # the OpenAI SDK's shape, TGI's status
+                assert json.loads(payload) == {
+                    "error": {
+                        "message": "Model is overloaded",
+                        "type": "overloaded",
+                        "param": None,
+                        "code": 429,
+                    }
+                }
+            else:
+                assert payload == b'{"error":"Model is overloaded","error_type":"overloaded"}'
         with pytest.raises(OverloadedError, match="Model is overloaded"):
             Client(server.url, timeout=10).generate("Hi", max_new_tokens=2)
     finally:

@@ -115,7 +115,7 @@ def test_the_tool_grammar_compiles(real, http):
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     body = {"messages": messages, "tools": [WEATHER], "max_tokens": 8}
     r = http.post("/v1/chat/completions", json=body)
-    assert r.json()["error_type"] == "tool_error"  # the fake engine echoes; no call comes back
+    assert r.json()["error"]["type"] == "tool_error"  # the fake engine echoes; no call comes back
     assert isinstance(real.engine.submitted[0].grammar, INDEXES)
 
 
