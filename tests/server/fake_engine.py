@@ -265,11 +265,16 @@ class FakeEngine:
     def _completion(self, request, ids, reason, stop) -> Completion:
         n = request.top_n_tokens
         top = tuple(tuple(_info(i + k) for k in range(n)) for i in ids) if n else ()
-        prefill = ()
+        prefill, prefill_top = (), ()
         if request.prompt_logprobs:
             prefill = tuple(
                 _info(i, None if k == 0 else LOGPROB) for k, i in enumerate(request.prompt_ids)
             )
+            if n:  # alternatives i + 1, i + 2, ... after the (unscored) first prompt token
+                alternatives = [
+                    tuple(_info(i + k) for k in range(1, n + 1)) for i in request.prompt_ids
+                ]
+                prefill_top = ((), *alternatives[1:])
         sampling = request.sampling
         seed = (
             (sampling.seed if sampling.seed is not None else 42) if sampling.is_sampling else None
@@ -282,6 +287,7 @@ class FakeEngine:
             input_length=len(request.prompt_ids),
             tokens=tuple(_info(i) for i in ids),
             prefill=prefill,
+            prefill_top_tokens=prefill_top,
             top_tokens=top,
             stop_sequence=stop,
             queue_time=0.001,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from pydantic import BaseModel, Field
 
@@ -21,12 +22,18 @@ from tgix.engine.request import GenerationRequest
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 ROOMY_ARGV = [
-    "--max-input-tokens", "1000",
-    "--max-total-tokens", "1100",
-    "--max-batch-prefill-tokens", "1100",
-    "--max-batch-total-tokens", "2200",
-    "--max-batch-size", "2",
-    "--max-concurrent-requests", "8",
+    "--max-input-tokens",
+    "1000",
+    "--max-total-tokens",
+    "1100",
+    "--max-batch-prefill-tokens",
+    "1100",
+    "--max-batch-total-tokens",
+    "2200",
+    "--max-batch-size",
+    "2",
+    "--max-concurrent-requests",
+    "8",
 ]  # fmt: skip (room for the tool prompt and a schema: one request at a time)
 USER = [{"role": "user", "content": "Who is it?"}]
 
@@ -130,6 +137,69 @@ def test_instructor_nested_model(live):
     (call,) = completion.choices[0].message.tool_calls
     assert call.function.name == "Order"
     assert json.loads(call.function.arguments) == order.model_dump()
+
+
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "book",
+            "parameters": Order.model_json_schema(),
+        },
+    },
+]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_sampled_tool_calls_stream_what_they_answer(live, seed):
+    """Seeded sampling makes the streamed and the non-streamed answer the same text: the
+    streamed argument pieces join to the non-streamed `arguments` (or, for `no_tool`, the
+    contents match; for a call cut short, both end with the same tool_error)."""
+    from openai import OpenAI, UnprocessableEntityError
+
+    client = OpenAI(base_url=f"{live.url}/v1", api_key="-", max_retries=0)
+    choice = ["auto", "required", {"type": "function", "function": {"name": "book"}}][seed % 3]
+    request = dict(
+        model="tgi",
+        messages=USER,
+        tools=_TOOLS,
+        tool_choice=choice,
+        temperature=1.0,
+        seed=seed,
+        max_tokens=120,
+    )
+    try:
+        reply = client.chat.completions.create(**request).choices[0]
+    except UnprocessableEntityError as exc:  # cut short by max_tokens: the same, as an event
+        body = {**request, "stream": True}
+        raw = httpx.post(f"{live.url}/v1/chat/completions", json=body, timeout=60)
+        frames = [f[6:] for f in raw.text.split("\n\n") if f]
+        assert frames[-1] == "[DONE]" and len(frames) == 2
+        assert json.loads(frames[0]) == {
+            "error": {"message": exc.body["message"], "http_status_code": 422}
+        }
+        return
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    if reply.message.tool_calls is None:  # no_tool: the plain answer, streamed the same
+        assert "".join(d.content or "" for d in deltas) == reply.message.content
+        return
+    (call,) = reply.message.tool_calls
+    pieces = [d.tool_calls[0] for d in deltas if d.tool_calls]
+    assert pieces[0].function.name == call.function.name
+    assert "".join(p.function.arguments for p in pieces) == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == reply.finish_reason == "tool_calls"
 
 
 _DATA = [

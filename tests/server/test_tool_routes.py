@@ -6,6 +6,7 @@ and the real OpenAI SDK reading both."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -280,3 +281,56 @@ def test_huggingface_hub_response_formats_and_tool_calls(tool):
     # the streamed pieces join to exactly the non-streamed string (TGI: '{ "city": "Paris"}')
     assert "".join(c.function.arguments for c in calls) == '{"city":"Paris"}'
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+_TOOLS = [
+    WEATHER,
+    {
+        "type": "function",
+        "function": {
+            "name": "book",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "when": {"type": "string"},
+                    "seats": {"type": "integer"},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+    },
+]
+_CALLS = [
+    ("get_weather", {"city": "Paris"}),
+    ("get_weather", {"city": 'Saint-\u00c9tienne "42"\n'}),
+    ("book", {"when": "tomorrow, 9:00", "seats": 12, "tags": ["a", "b\\c"]}),
+    ("book", {}),
+]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_streamed_tool_calls_join_to_the_non_streamed_arguments(tool, seed):
+    """Any split of the model's text into tokens, any layout, every tool_choice that can
+    call: the streamed pieces join to the non-streamed `arguments`, one finish_reason."""
+    rng = random.Random(seed)
+    name, arguments = _CALLS[seed % len(_CALLS)]
+    separators = rng.choice([(", ", ": "), (",", ":")])
+    text = json.dumps({"function": {"_name": name, **arguments}}, separators=separators)
+    cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(3, 20))))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    choice = rng.choice(
+        ["auto", "required", name, {"type": "function", "function": {"name": name}}]
+    )
+    tool.engine.knobs.replies = [pieces, pieces]
+    plain = _post(tool, tools=_TOOLS, tool_choice=choice)
+    (call,) = plain.json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == name
+    assert json.loads(call["function"]["arguments"]) == json.loads(json.dumps(arguments))
+    streamed = _post(tool, tools=_TOOLS, tool_choice=choice, stream=True)
+    chunks = [json.loads(f[6:]) for f in streamed.text.split("\n\n")[:-2]]
+    calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if c["choices"][0]["delta"]]
+    assert calls[0]["function"]["name"] == name and calls[0]["id"] == call["id"]
+    assert all("name" not in c["function"] for c in calls[1:])
+    assert "".join(c["function"]["arguments"] for c in calls) == call["function"]["arguments"]
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks]
+    assert reasons == [None] * (len(chunks) - 1) + ["tool_calls"]
