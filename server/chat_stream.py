@@ -17,11 +17,10 @@ from contextlib import aclosing
 
 from server import errors, openai_format
 from server.chat import ChatRequest, render
-from server.choices import merged
-from server.errors import ApiError
+from server.choices import response_frames
 from server.generation import events, supersede
 from server.openai_format import Shape, chat_chunk, tool_delta
-from server.sse import DONE, event
+from server.sse import event
 from server.state import ServerState
 from server.tool_calls import CHOSE_NO_TOOL, ToolStream, parse_call
 from server.tools import Tool, next_call_id
@@ -100,16 +99,7 @@ async def chat_frames(
 ) -> AsyncIterator[bytes]:
     """Every frame of one streamed chat completion, `data: [DONE]` last."""
     frames = _content if offered is None else _tool_call
-    finals: list[Completion] = []
-    try:
-        choices = [frames(st, chat.for_choice(j), prompt, shape, j) for j in range(chat.n)]
-        async for frame in merged(choices):
-            if isinstance(frame, Completion):
-                finals.append(frame)
-            else:
-                yield frame
-        if chat.include_usage:
-            yield event(openai_format.usage_chunk(finals, shape, "chat.completion.chunk"))
-    except ApiError as exc:
-        yield event(exc.openai_body())
-    yield DONE
+    choices = [frames(st, chat.for_choice(j), prompt, shape, j) for j in range(chat.n)]
+    usage = "chat.completion.chunk" if chat.include_usage else None
+    async for frame in response_frames(choices, shape, usage):
+        yield frame

@@ -2,8 +2,11 @@
 
 `run_all` awaits every one (the first failure cancels the others and is raised); `merged`
 interleaves per-choice streams of frames in the order they are produced, and ends every
-stream at the first ApiError, which it re-raises after the frames already produced. Every
-path cancels what is still running, so an abandoned response never leaves work behind.
+stream at the first ApiError, which it re-raises after the frames already produced;
+`response_frames` is a whole OpenAI stream over the choices' frames (each choice yields its
+SSE frames, then its Completion): the usage chunk when asked for, an error event at the first
+failure, `data: [DONE]` last. Every path cancels what is still running, so an abandoned
+response never leaves work behind.
 """
 
 from __future__ import annotations
@@ -12,6 +15,12 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import aclosing
 from typing import TypeVar
+
+from server import openai_format
+from server.errors import ApiError
+from server.openai_format import Shape
+from server.sse import DONE, event
+from tgix.engine.request import Completion
 
 T = TypeVar("T")
 _END = object()
@@ -54,3 +63,22 @@ async def merged(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[T]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def response_frames(
+    choices: Sequence[AsyncIterator[bytes | Completion]], shape: Shape, usage_object: str | None
+) -> AsyncIterator[bytes]:
+    """The SSE frames of every choice as they come; then, with `usage_object` (the chunk's
+    `object`, when `stream_options.include_usage`), one chunk with every choice's usage."""
+    finals: list[Completion] = []
+    try:
+        async for frame in merged(choices):
+            if isinstance(frame, Completion):
+                finals.append(frame)
+            else:
+                yield frame
+        if usage_object is not None:
+            yield event(openai_format.usage_chunk(finals, shape, usage_object))
+    except ApiError as exc:
+        yield event(exc.openai_body())
+    yield DONE

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server import errors, openai_format
-from server.choices import merged, run_all
+from server.choices import response_frames, run_all
 from server.completions_format import (
     TokenLogprobs,
     choice_logprobs,
@@ -79,26 +79,15 @@ async def _choice_frames(
                 yield final
 
 
-async def _frames(
+def _frames(
     st: ServerState, req: CompletionRequest, texts: list[str | None], shape: Shape
 ) -> AsyncIterator[bytes]:
-    finals: list[Completion] = []
     choices = [
         _choice_frames(st, req, prompt, texts[i], i * req.n + j, shape)
         for i, prompt in enumerate(req.prompts)
         for j in range(req.n)
     ]
-    try:
-        async for frame in merged(choices):
-            if isinstance(frame, Completion):
-                finals.append(frame)
-            else:
-                yield frame
-        if req.include_usage:
-            yield event(openai_format.usage_chunk(finals, shape, "text_completion"))
-    except ApiError as exc:
-        yield event(exc.openai_body())
-    yield DONE
+    return response_frames(choices, shape, "text_completion" if req.include_usage else None)
 
 
 async def _answers(request: Request, st: ServerState, req: CompletionRequest):

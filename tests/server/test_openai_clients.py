@@ -314,3 +314,18 @@ def test_lm_eval_local_completions(shared, tiny_checkpoints, tmp_path, monkeypat
         if final.finish_reason == "stop_sequence":
             text = text[: text.find(final.stop_sequence)]
         assert sample["resps"][0][0] == text
+
+
+def test_n_choices_share_the_prompts_pages(live):
+    """`n` choices are `n` generations of one prompt: all but the first start past its full
+    pages (the prefix cache), and greedy choices are identical."""
+    page = live.engine.runner.config.page_size
+    ids = [(7 * k + 3) % 250 + 20 for k in range(4 * page + 6)]  # a prompt no test used
+    before = live.engine.stats()["prefix_hit_tokens"]
+    body = {"model": "tgi", "prompt": ids, "max_tokens": 4, "temperature": 0, "n": 4}
+    r = httpx.post(f"{live.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    texts = [c["text"] for c in r.json()["choices"]]
+    assert len(texts) == 4 and len(set(texts)) == 1
+    shared = (len(ids) - 1) // page * page  # a hit leaves the last token to compute
+    assert live.idle()["prefix_hit_tokens"] - before == 3 * shared
