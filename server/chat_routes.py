@@ -117,7 +117,7 @@ async def chat_tokenize(request: Request) -> Response:
     st = of(request)
     try:
         chat = parse_chat(await read_json(request, st.settings.payload_limit))
-    except PlainError as exc:
+    except (PlainError, ApiError) as exc:
         return exc.response()
     st.metrics.count.inc()
     try:

@@ -16,6 +16,7 @@ _INT_BOUNDS = {"u32": (0, 2**32 - 1), "u64": (0, 2**64 - 1), "usize": (0, 2**64 
 _INT_BOUNDS["i32"] = (-(2**31), 2**31 - 1)
 _EXPECTED = {"bool": "a boolean", "str": "a string", "list": "a sequence", "object": "a map"}
 _MISSING = object()
+_F32_MAX = 3.4028234663852886e38
 
 
 def describe(value: Any) -> str:
@@ -52,6 +53,8 @@ def check(value: Any, kind: str, path: str) -> Any:
     if kind == "str" and isinstance(value, str):
         return value
     if kind == "f32" and isinstance(value, int | float) and not isinstance(value, bool):
+        if not -_F32_MAX <= value <= _F32_MAX:  # 1e999 parses to inf; 1e39 overflows f32
+            raise deserialize_error(path, "invalid value: number out of range, expected f32")
         return float(value)
     if kind in _INT_BOUNDS and isinstance(value, int) and not isinstance(value, bool):
         low, high = _INT_BOUNDS[kind]

@@ -3,7 +3,8 @@
 Out: compact separators, UTF-8 (no ASCII escaping), and float32 values written with their
 shortest float32 form (`-1.53`, not `-1.5299999713897705`), as serde writes an f32; NaN and
 infinities become null. In: the body is read with a byte limit, must be UTF-8 JSON without
-NaN/Infinity literals or lone surrogate escapes; failures are TGI's plain-text 4xx.
+NaN/Infinity literals, lone surrogate escapes or nesting deeper than 128 levels; failures
+are TGI's plain-text 4xx.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from server.errors import PlainError
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _SURROGATE = re.compile(r"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}")
+MAX_DEPTH = 128  # nested arrays / objects in a body (serde_json's recursion limit, as TGI's)
 
 
 def dumps(value: Any) -> bytes:
@@ -67,6 +69,19 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays / objects nest more than `limit` levels (iterative: any depth is safe)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
 def _is_json_content_type(value: str | None) -> bool:
     """axum's rule: application/json or application/<anything>+json, parameters ignored."""
     if not value:
@@ -109,6 +124,8 @@ def parse_json(raw: bytes) -> Any:
         raise _syntax(str(exc)) from None
     except RecursionError:
         raise _syntax("recursion limit exceeded") from None
+    if _deeper_than(value, MAX_DEPTH):  # every walker after this one may recurse safely
+        raise _syntax("recursion limit exceeded")
     if _SURROGATE.search(text) and _has_lone_surrogate(value):
         raise _syntax("lone surrogate in hex escape")
     return value

@@ -15,6 +15,7 @@ from typing import Any
 
 from server.jsonio import f32
 from tgix.engine.request import Completion, TokenEvent, TokenInfo
+from tgix.engine.stop_match import StopMatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,41 +168,36 @@ def usage_chunk(completions: list[Completion], shape: Shape, obj: str) -> dict[s
 
 class StopHoldback:
     """Streams text without ever sending part of a stop sequence: text that could still
-    become a stop match is held until the next token decides, and dropped if it matches."""
+    become a stop match is held until the next token decides, and dropped if it matches.
+    Linear in the stops' and the text's lengths (tgix.engine.stop_match)."""
 
     def __init__(self, stops: list[str]):
-        self.stops = [s for s in stops if s]
-        self.text = ""  # everything the engine produced so far
+        self._matcher = StopMatcher(stops)
+        self.text = ""  # everything the engine produced so far, up to a match
         self.sent = 0  # how much of it went out
-
-    def _safe_end(self) -> int:
-        text = self.text
-        for stop in self.stops:
-            hit = text.find(stop)
-            if hit >= 0:
-                return hit
-        end = len(text)
-        for stop in self.stops:
-            for k in range(min(len(stop) - 1, len(text)), 0, -1):
-                if text.endswith(stop[:k]):
-                    end = min(end, len(text) - k)
-                    break
-        return end
+        self._cut: int | None = None  # where the matched stop begins
 
     def push(self, piece: str) -> str:
         """Add a token's text; returns what can be sent now (maybe "")."""
-        self.text += piece
-        if not self.stops:
-            out, self.sent = self.text[self.sent :], len(self.text)
-            return out
-        end = max(self._safe_end(), self.sent)
+        if self._cut is None:
+            match = self._matcher.feed(piece)
+            if match is None:
+                self.text += piece
+                end = len(self.text) - self._matcher.partial
+            else:
+                stop, offset = match
+                self.text += piece[:offset]
+                self._cut = end = len(self.text) - len(stop)
+        else:
+            end = self._cut
+        end = max(end, self.sent)
         out, self.sent = self.text[self.sent : end], end
         return out
 
     def finish(self, c: Completion) -> str:
         """The rest of the text once the request has ended, minus any matched stop."""
         end = len(self.text)
-        if c.finish_reason == "stop_sequence":
-            end = max(self._safe_end() if self.stops else end, self.sent)
+        if c.finish_reason == "stop_sequence" and self._cut is not None:
+            end = max(self._cut, self.sent)
         out, self.sent = self.text[self.sent : end], end
         return out

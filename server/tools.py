@@ -24,7 +24,7 @@ import jinja2
 from jinja2 import meta
 
 from server import errors
-from server.fields import Fields, check, deserialize_error
+from server.fields import Fields, check, describe, deserialize_error
 
 DEFAULT_TOOL_PROMPT = (
     "\nGiven the functions available, please respond with a JSON for a function call with its "
@@ -76,6 +76,13 @@ def parse_tools(value: Any) -> list[Tool] | None:
         if function is None:
             raise deserialize_error(f.path, "missing field `function`")
         parameters = function.value.get("parameters", function.value.get("arguments"))
+        if isinstance(parameters, dict):
+            for key in ("$defs", "definitions"):
+                if not isinstance(parameters.get(key, {}), dict):
+                    raise deserialize_error(
+                        f"tools[{i}].function.parameters.{key}",
+                        f"invalid type: {describe(parameters[key])}, expected a map",
+                    )
         tools.append(
             Tool(
                 name=function.required("name", "str"),

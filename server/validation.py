@@ -19,10 +19,19 @@ from server.grammar import compile_grammar
 from server.schemas import GenerateParams
 from server.settings import Settings
 from tgix.engine.request import EngineLimits, GenerationRequest, SamplingParams
+from tgix.engine.stop_match import failure_table
+
+MIN_SCALE = 1e-6  # smallest temperature / repetition_penalty: logits divided by it stay finite
+MAX_STOP_CHARS = 4096  # per stop sequence (TGI: unbounded); matching is linear in it anyway
 
 # TGI checks the budget against at most this many new tokens (§3.3) and serves longer
 # requests in chunks; tgix's engine runs them in one go, capped by max_total_tokens.
 DEFAULT_GENERATION_LENGTH = 1024
+
+
+def _stop_tables(tokenizer, stops) -> None:
+    for stop in stops:
+        failure_table(stop)
 
 
 def _is_sampling(p: GenerateParams) -> bool:
@@ -96,9 +105,15 @@ class Validator:
         temperature = 1.0 if p.temperature is None else p.temperature
         if temperature <= 0.0:
             raise errors.validation("`temperature` must be strictly positive")
+        if temperature < MIN_SCALE:  # logits / 1e-45 is inf: no distribution to draw from
+            raise errors.validation(f"`temperature` must be >= {MIN_SCALE}. Given: {temperature}")
         repetition = 1.0 if p.repetition_penalty is None else p.repetition_penalty
         if repetition <= 0.0:
             raise errors.validation("`repetition_penalty` must be strictly positive")
+        if repetition < MIN_SCALE:
+            raise errors.validation(
+                f"`repetition_penalty` must be >= {MIN_SCALE}. Given: {repetition}"
+            )
         frequency = 0.0 if p.frequency_penalty is None else p.frequency_penalty
         if not -2.0 <= frequency <= 2.0:
             raise errors.validation("`frequency_penalty` must be >= -2.0 and <= 2.0")
@@ -117,6 +132,11 @@ class Validator:
             raise errors.validation(
                 f"`stop` supports up to {self.settings.max_stop_sequences} stop sequences. "
                 f"Given: {len(p.stop)}"
+            )
+        longest = max((len(stop) for stop in p.stop), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise errors.validation(
+                f"`stop` sequences must be at most {MAX_STOP_CHARS} characters. Given: {longest}"
             )
         if best_of > 1 and p.seed is not None:
             raise errors.validation("`seed` must not be set when `best_of` > 1")
@@ -194,6 +214,8 @@ class Validator:
             raise errors.validation(
                 f"`inputs` must have less than {max_input} tokens. Given: {input_length}"
             )
+        if any(len(stop) > 64 for stop in p.stop):  # the engine thread only looks them up
+            await self.run(_stop_tables, p.stop)
         grammar = None
         if p.grammar is not None:
             disabled = self.settings.disable_grammar_support

@@ -9,9 +9,10 @@ token at once and only matches a stop that ends exactly at a token's end, its is
 is the behaviour users asked for there.) Texts are token texts with special tokens kept, so a
 stop can name a special token such as "<|im_end|>".
 
-Only the held tail can contain a new match: a match starting earlier would have made its first
-characters a held prefix. The held text is shorter than the longest stop sequence plus the
-first held and the newest token, so each push costs O(longest stop), not O(text).
+Matching is tgix.engine.stop_match's: each stop advances one character at a time with its KMP
+table, so a stop of n characters costs O(n) memory once and each pushed token O(its length x
+stops), whatever the stops' lengths; the held text is what `partial` says may still grow into
+a stop.
 
 Host-only (no jax).
 """
@@ -22,6 +23,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from tgix.engine.request import TokenInfo
+from tgix.engine.stop_match import StopMatcher
 
 
 class StopBuffer:
@@ -38,9 +40,8 @@ class StopBuffer:
     """
 
     def __init__(self, stop_sequences: Iterable[str] = ()):
-        self.stop_sequences: tuple[str, ...] = tuple(dict.fromkeys(s for s in stop_sequences if s))
-        self._prefixes = {s[:n] for s in self.stop_sequences for n in range(1, len(s))}
-        self._longest_prefix = max((len(s) - 1 for s in self.stop_sequences), default=0)
+        self._matcher = StopMatcher(stop_sequences)
+        self.stop_sequences: tuple[str, ...] = self._matcher.stops
         self.matched: str | None = None
         self._released: list[str] = []  # texts of released tokens
         self._held: list[TokenInfo] = []
@@ -60,40 +61,20 @@ class StopBuffer:
         """Add the next generated token; return the tokens that are now safe to stream."""
         if self.matched is not None:
             raise RuntimeError(f"stop sequence {self.matched!r} already matched")
-        new_text_start = len(self._held_text)
+        start = len(self._held_text)
         self._held.append(token)
         self._held_text += token.text
-        match = self._find_match(new_text_start)
+        match = self._matcher.feed(token.text)
         if match is not None:
-            stop, end = match
-            self.matched = stop
-            cut = token.text[: end - new_text_start]
-            self._held[-1] = dataclasses.replace(token, text=cut)
-            self._held_text = self._held_text[:end]
+            self.matched, end = match
+            self._held[-1] = dataclasses.replace(token, text=token.text[:end])
+            self._held_text = self._held_text[: start + end]
             return self.flush()
-        return self._release_before(self._hold_from())
+        return self._release_before(len(self._held_text) - self._matcher.partial)
 
     def flush(self) -> list[TokenInfo]:
         """Release every held token (the sequence ended for another reason, or matched)."""
         return self._release_before(len(self._held_text))
-
-    def _find_match(self, new_text_start: int) -> tuple[str, int] | None:
-        """(stop, end offset in the held text) of the first match ending in the new text."""
-        best: tuple[int, int, str] | None = None  # (end, -len, stop): smallest wins
-        for stop in self.stop_sequences:
-            begin = self._held_text.find(stop, max(0, new_text_start - len(stop) + 1))
-            if begin >= 0:
-                candidate = (begin + len(stop), -len(stop), stop)
-                best = candidate if best is None else min(best, candidate)
-        return None if best is None else (best[2], best[0])
-
-    def _hold_from(self) -> int:
-        """Offset in the held text where its longest suffix that begins a stop sequence starts."""
-        text = self._held_text
-        for size in range(min(self._longest_prefix, len(text)), 0, -1):
-            if text[-size:] in self._prefixes:
-                return len(text) - size
-        return len(text)
 
     def _release_before(self, offset: int) -> list[TokenInfo]:
         """Release the leading held tokens whose text ends at or before `offset`."""
