@@ -16,6 +16,7 @@ from tgix.engine.engine import Engine, StepHook
 from tgix.engine.kv_cache import kv_bytes_per_token
 from tgix.engine.kv_manager import KVManager
 from tgix.engine.limits import (
+    CPU_MAX_BATCH_SIZE,
     LimitRequest,
     bucket_batch_size,
     cpu_kv_bytes,
@@ -52,6 +53,16 @@ class EngineOptions:
     # objects without additionalProperties are closed (TGI, OpenAI); False: JSON Schema's open
     grammar_strict: bool = True
     host_memory_share: float = 1.0  # CPU: the part of the KV budget this engine takes
+
+
+def _kv_source(req: LimitRequest, effective, budget: int) -> str:
+    """Why the KV cache has the size it has, for the start-up line."""
+    if req.max_batch_total_tokens is not None:
+        return "from --max-batch-total-tokens"
+    if effective.max_batch_total_tokens < budget - effective.page_size:
+        rows = req.max_batch_size or CPU_MAX_BATCH_SIZE
+        return f"what the batch limits can use ({rows} rows x {effective.max_total_tokens} tokens)"
+    return f"the memory left ({budget} tokens fit)"
 
 
 def free_device_bytes(mesh, fraction: float = 1.0) -> int:
@@ -95,6 +106,11 @@ def create_engine(
         max_position_embeddings=cfg.max_position,
         kv_budget=budget,
         on_cpu=on_cpu,
+    )
+    logger.info(
+        "KV cache: %d tokens, %s",
+        effective.max_batch_total_tokens,
+        _kv_source(limits, effective, budget),
     )
     max_rows = bucket_batch_size(effective, on_cpu=on_cpu)
     page_size = effective.page_size

@@ -3,7 +3,8 @@
 `--max-batch-total-tokens` is the KV page budget. When unset it is sized from the memory left
 after the weights: on GPU/TPU from the device's `memory_stats()` (TGI's 0.90 wiggle room of
 what is free), on CPU from a quarter of the RAM this process may use (the KV cache shares it
-with everything else). The remaining limits follow TGI 3.x without chunking
+with everything else), capped there at what the batch limits can use (max_batch_size x
+max_total_tokens). The remaining limits follow TGI 3.x without chunking
 (tgi-interface.md §1.3-1.4).
 """
 
@@ -84,6 +85,14 @@ def kv_budget_tokens(*, free_bytes: int, kv_bytes_per_token: int, on_cpu: bool) 
     return tokens - tokens % step
 
 
+def cpu_batch_cap(req: LimitRequest, max_total: int) -> int:
+    """The most KV tokens the batch limits can ever use (CPU default): every row of the
+    largest batch at max_total_tokens, in whole pages. RAM beyond that would sit idle while
+    other processes on the machine need it."""
+    rows = req.max_batch_size or CPU_MAX_BATCH_SIZE
+    return -(-rows * max_total // req.page_size) * req.page_size
+
+
 def resolve_limits(
     req: LimitRequest,
     *,
@@ -94,7 +103,8 @@ def resolve_limits(
     """Fill in the unset limits and apply TGI's checks; raises ValueError with TGI's text.
 
     kv_budget: tokens of KV that fit the memory left (used when max_batch_total_tokens is
-    unset). max_total_tokens defaults to min(max_position_embeddings, 4096, KV budget).
+    unset; on CPU capped at what max_batch_size x max_total_tokens can use). max_total_tokens
+    defaults to min(max_position_embeddings, 4096, KV budget).
     """
     fail = lambda msg: ValueError(f"Argument validation error: {msg}")
     page = req.page_size
@@ -109,6 +119,8 @@ def resolve_limits(
     if prefill is None:
         prefill = min(max(DEFAULT_PREFILL_TOKENS, max_input), max_position_embeddings)
         prefill = max(prefill, max_input)
+    if on_cpu and req.max_batch_total_tokens is None:  # and never below one prefill step
+        total_kv = min(total_kv, max(cpu_batch_cap(req, max_total), prefill))
     if req.max_batch_size == 0:
         raise fail("`max_batch_size` must be > 0")
     if max_input >= max_total:
