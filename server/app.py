@@ -22,7 +22,7 @@ from server import chat_routes, completions_routes, generate_routes, info_routes
 from server.admission import Drain, Permits
 from server.invocations import invocations
 from server.metrics import EngineGauges, RequestMetrics, StepRecorder, record_step
-from server.middleware import ApiKeyMiddleware, DrainMiddleware
+from server.middleware import ApiKeyMiddleware, DrainMiddleware, FramingMiddleware
 from server.openai_errors import OpenAIErrorMiddleware
 from server.settings import Settings
 from server.sse import KEEP_ALIVE_S
@@ -87,7 +87,7 @@ def build_app(
         or getattr(engine, "compute_type", None)
         or "gpu+optimized",
     )
-    middleware = []
+    middleware = [Middleware(FramingMiddleware)]
     if settings.cors_allow_origin:
         headers = ["content-type"] + (["authorization"] if settings.api_key else [])
         middleware.append(

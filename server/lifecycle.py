@@ -17,12 +17,15 @@ import socket
 
 import uvicorn
 
+from server.protocol import GuardedH11Protocol, connection_cap
 from server.settings import Settings
 
 log = logging.getLogger("tgix.server")
 
 # uvicorn's own wait is a backstop: streams are ended by the drain deadline first.
 UVICORN_MARGIN_S = 5.0
+KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this (uvicorn's default)
+MAX_CONNECTIONS = 4096  # open connections (and so file descriptors), capped by `ulimit -n`
 
 
 class _Server(uvicorn.Server):
@@ -44,6 +47,9 @@ def make_server(app, settings: Settings) -> uvicorn.Server:
         access_log=False,
         ws="none",
         timeout_graceful_shutdown=settings.graceful_termination_timeout + UVICORN_MARGIN_S,
+        http=GuardedH11Protocol,  # request heads within a fixed deadline
+        timeout_keep_alive=KEEP_ALIVE_S,
+        limit_concurrency=connection_cap(MAX_CONNECTIONS),
     )
     return _Server(config)
 

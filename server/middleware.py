@@ -1,4 +1,8 @@
-"""ASGI middleware in front of every route: API-key check and the drain gate.
+"""ASGI middleware in front of every route: request framing, API-key check, the drain gate.
+
+A request with both `Content-Length` and `Transfer-Encoding` is refused with 400 and
+`Connection: close` before anything reads it: a proxy in front may have framed it the other
+way (request smuggling, RFC 9112 §6.1).
 
 Authentication is deny-by-default: with --api-key set, every request needs
 `Authorization: Bearer <key>` (constant-time compare, key case-sensitive) except the health
@@ -52,4 +56,24 @@ class DrainMiddleware:
         if scope["type"] == "http" and self.drain.draining and not _is_health(scope):
             await errors.shutting_down().response()(scope, receive, send)
             return
+        await self.app(scope, receive, send)
+
+
+class FramingMiddleware:
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            names = {name for name, _ in scope["headers"]}
+            if b"content-length" in names and b"transfer-encoding" in names:
+                body = b"Both Content-Length and Transfer-Encoding: refused"
+                headers = [
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"connection", b"close"),
+                ]
+                headers.append((b"content-length", str(len(body)).encode()))
+                await send({"type": "http.response.start", "status": 400, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
         await self.app(scope, receive, send)

@@ -15,12 +15,13 @@ from starlette.testclient import TestClient
 
 from server.app import build_app
 from server.metrics import StepRecorder
+from server.protocol import GuardedH11Protocol
 from server.settings import Settings
 from tests.server.fake_engine import FakeEngine
 
 
 class LiveServer:
-    def __init__(self, app, engine: FakeEngine):
+    def __init__(self, app, engine: FakeEngine, http=None):
         self.app = app
         self.engine = engine
         self.state = app.state.tgix
@@ -29,7 +30,14 @@ class LiveServer:
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, lifespan="off", log_level="warning", ws="none", loop="asyncio")
+        config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_level="warning",
+            ws="none",
+            loop="asyncio",
+            http=http or GuardedH11Protocol,  # as server.lifecycle serves
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [sock]}, daemon=True
