@@ -1,8 +1,9 @@
 """Running the app under uvicorn with TGI-style graceful termination.
 
-On SIGTERM (or SIGINT): /health turns 503 and new requests get 503, uvicorn stops accepting
-connections, in-flight requests and streams continue for up to
---graceful-termination-timeout seconds; at the deadline the rest end with an explicit error
+On SIGTERM (or SIGINT): /health turns 503 and new requests get TGI's 503 (with `Connection:
+close`, so kept-alive clients reconnect elsewhere) while in-flight requests and streams
+continue for up to --graceful-termination-timeout seconds; the listener closes once none is
+left; at the deadline the rest end with an explicit error
 (an SSE error event, or 503 for a waiting non-streaming call); then the engine is shut down
 and the process exits normally. A second signal skips the wait.
 """
@@ -24,6 +25,7 @@ log = logging.getLogger("tgix.server")
 
 # uvicorn's own wait is a backstop: streams are ended by the drain deadline first.
 UVICORN_MARGIN_S = 5.0
+DRAIN_POLL_S = 0.05
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this (uvicorn's default)
 MAX_CONNECTIONS = 4096  # open connections (and so file descriptors), capped by `ulimit -n`
 
@@ -56,17 +58,29 @@ def make_server(app, settings: Settings) -> uvicorn.Server:
 
 def begin_drain(app, server: uvicorn.Server, timeout_s: float) -> None:
     """Start a graceful termination now (what SIGTERM does); idempotent-ish: a second call
-    ends the remaining requests at once."""
+    ends the remaining requests at once. The listener stays open while requests are in
+    flight, so new requests get TGI's 503 (with `Connection: close`) rather than a refused
+    connection; it closes once none is left, or at the deadline."""
     drain = app.state.tgix.drain
     loop = asyncio.get_running_loop()
     if drain.draining:
         log.info("second signal: ending the remaining requests now")
         drain.abort_all()
+        server.should_exit = True
         return
     log.info("draining: waiting up to %ss for in-flight requests", timeout_s)
     drain.start()
-    server.should_exit = True
     loop.call_later(timeout_s, drain.abort_all)
+    loop.create_task(_close_when_idle(app, server, loop.time() + timeout_s))
+
+
+async def _close_when_idle(app, server: uvicorn.Server, deadline: float) -> None:
+    """Close the listener once no request holds a permit (or at the deadline, when the
+    rest have been told to end)."""
+    permits, loop = app.state.tgix.permits, asyncio.get_running_loop()
+    while permits.in_use and loop.time() < deadline:
+        await asyncio.sleep(DRAIN_POLL_S)
+    server.should_exit = True
 
 
 async def serve_async(app, settings: Settings, *, sockets: list[socket.socket] | None = None):

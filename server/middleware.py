@@ -7,7 +7,8 @@ way (request smuggling, RFC 9112 §6.1).
 Authentication is deny-by-default: with --api-key set, every request needs
 `Authorization: Bearer <key>` (constant-time compare, key case-sensitive) except the health
 probes (GET /health, /ping and /), which orchestrators call without credentials; failures
-are 401 with an empty body. While draining after SIGTERM, new requests get 503. Both are
+are 401 with an empty body. While draining after SIGTERM, new requests get 503 and
+`Connection: close`. Both are
 plain ASGI (not BaseHTTPMiddleware) so streaming and disconnect detection pass through.
 """
 
@@ -54,7 +55,8 @@ class DrainMiddleware:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and self.drain.draining and not _is_health(scope):
-            await errors.shutting_down().response()(scope, receive, send)
+            response = errors.shutting_down().response(headers={"connection": "close"})
+            await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
 

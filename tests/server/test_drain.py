@@ -1,6 +1,7 @@
 """SIGTERM drain with the real lifecycle in a child process: in-flight streams finish within
---graceful-termination-timeout, the rest end with an error event at the deadline, new
-connections are refused, the engine is shut down and the process exits 0."""
+--graceful-termination-timeout while new requests (and kept-alive connections) get TGI's 503
+with `Connection: close`, the rest end with an error event at the deadline, the listener
+closes once nothing is in flight, the engine is shut down and the process exits 0."""
 
 from __future__ import annotations
 
@@ -70,16 +71,42 @@ def server_factory():
             proc.wait()
 
 
+def _keep_alive_request(sock: socket.socket) -> bytes:
+    body = b'{"inputs":"Hi","parameters":{"max_new_tokens":1}}'
+    sock.sendall(
+        b"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    data = b""
+    while not data.endswith(b"}"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def test_sigterm_lets_short_streams_finish(server_factory):
-    proc, port = server_factory(grace_s=10, token_delay=0.05)
+    proc, port = server_factory(grace_s=10, token_delay=0.1)
+    kept = socket.create_connection(("127.0.0.1", port), timeout=5)
+    assert _keep_alive_request(kept).startswith(b"HTTP/1.1 200 ")  # an idle keep-alive
     body = {"inputs": "Hello", "parameters": {"max_new_tokens": 6}}
     stream = RawRequest(port, "/generate_stream", body)
     stream.read_until(b"data: ")
     proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    # while the stream runs: new requests get TGI's 503, not a refused connection, and the
+    # kept-alive connection is told to close rather than dropped
+    fresh = RawRequest(port, "/generate", {"inputs": "Hi"}).read_all()
+    assert fresh.startswith(b"HTTP/1.1 503 ") and fresh.endswith(
+        b'{"error":"Request aborted: the server is shutting down","error_type":"shutdown"}'
+    )
+    again = _keep_alive_request(kept)
+    assert again.startswith(b"HTTP/1.1 503 ") and b"connection: close" in again.lower()
     raw = stream.read_all()
     assert b'"generated_text":"Hello"' in raw and b'"error"' not in raw
-    with pytest.raises(OSError):  # no longer accepting
-        time.sleep(0.3)
+    time.sleep(0.5)
+    with pytest.raises(OSError):  # nothing in flight: the listener is closed
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
     out, _ = proc.communicate(timeout=15)
     assert proc.returncode == 0, out
