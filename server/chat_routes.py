@@ -125,5 +125,12 @@ async def chat_tokenize(request: Request) -> Response:
     except ApiError as exc:
         st.metrics.failed(exc.metric_label)
         return exc.response()
-    tokens = await st.validator.run(simple_tokens, prompt, False)
+    try:
+        permit = acquire(st)
+    except ApiError as exc:
+        return exc.response()
+    try:
+        tokens = await st.validator.run(simple_tokens, prompt, False)
+    finally:
+        permit.release()
     return json_response({"tokenize_response": tokens, "templated_text": prompt})

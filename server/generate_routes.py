@@ -148,5 +148,12 @@ async def tokenize(request: Request) -> Response:
         body = await _parse(request, st)
     except PlainError as exc:
         return exc.response()
-    tokens = await st.validator.run(simple_tokens, body.inputs, True)
+    try:
+        permit = acquire(st)  # a flood of tokenizations waits its turn like generations
+    except ApiError as exc:
+        return exc.response()
+    try:
+        tokens = await st.validator.run(simple_tokens, body.inputs, True)
+    finally:
+        permit.release()
     return json_response(tokens)

@@ -152,3 +152,23 @@ def test_permits_are_released_after_every_kind_of_ending(live, http):
         json={"messages": [{"role": "user", "content": "x"}], "stream": True},
     )
     assert live.state.permits.available == live.state.permits.total
+
+
+def test_tokenize_routes_take_a_permit(live):
+    """A flood of tokenizations queues behind the same permits as generations (429 once
+    they are gone), so it cannot crowd out /health or the validation pool unbounded."""
+    held = _overload(live)
+    try:
+        for path, body in (
+            ("/tokenize", {"inputs": "Hi"}),
+            ("/chat_tokenize", {"messages": [{"role": "user", "content": "Hi"}]}),
+        ):
+            r = httpx.post(f"{live.url}{path}", json=body, timeout=10)
+            assert r.status_code == 429, path
+        assert httpx.get(f"{live.url}/health", timeout=1).status_code == 200
+    finally:
+        for request in held:
+            request.hang_up()
+    live.wait_idle()
+    assert httpx.post(f"{live.url}/tokenize", json={"inputs": "Hi"}, timeout=10).status_code == 200
+    assert live.state.permits.in_use == 0
