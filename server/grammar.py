@@ -27,6 +27,7 @@ from server import errors
 from server.errors import ApiError
 from server.fields import Fields, check, deserialize_error
 from tgix.grammar import GrammarError, GrammarSpec
+from tgix.grammar.compiler import GrammarBusy
 
 log = logging.getLogger("tgix.server")
 
@@ -124,12 +125,15 @@ def to_spec(grammar: dict[str, Any]) -> GrammarSpec:
 async def compile_grammar(compiler, disabled: bool, grammar: dict[str, Any]) -> Any:
     """The compiled TokenIndex for a request's grammar. 422 "grammar is not supported" when
     grammars are disabled (--disable-grammar-support) or the tokenizer has no compiler;
-    422 with the compiler's message when the grammar cannot be compiled."""
+    422 with the compiler's message when the grammar cannot be compiled; 429 when the
+    compile queue is full."""
     if disabled or compiler is None:
         raise errors.validation("grammar is not supported")
     spec = to_spec(grammar)
     try:
         return await compiler.compile_async(spec)
+    except GrammarBusy:
+        raise errors.overloaded() from None
     except GrammarError as exc:
         raise errors.validation(str(exc)) from None
     except ApiError:

@@ -102,3 +102,35 @@ def test_nested_values_cross_the_worker_and_the_disk_cache(tokenizer, tmp_path):
         assert all(np.array_equal(masks[0], m) for m in masks[1:])
         states = [i.advance(s, t) for i, s in zip(indexes, states, strict=True)]
     assert all(i.is_accepting(s) for i, s in zip(indexes, states, strict=True))
+
+
+def test_a_burst_of_large_grammars_does_not_hold_a_small_one(tokenizer, monkeypatch):
+    """Large specs compile in their own lane: a one-line regex submitted behind four big
+    enums finishes before the first of them; a full lane refuses at once (GrammarBusy)."""
+    from tgix.grammar import compiler as compiler_module
+
+    pooled = GrammarCompiler.for_tokenizer(tokenizer, workers=1)
+    try:
+        pooled.compile(GrammarSpec.regex("[0-9]"))  # the small lane's worker is up
+        pooled.compile(GrammarSpec.json({"enum": ["w" * 3000]}))  # and the large lane's
+        enums = [
+            GrammarSpec.json({"enum": [f"value-{seed}-{i}" for i in range(4000)]})
+            for seed in range(4)
+        ]
+        order: list[str] = []
+        big = [pooled.submit(spec) for spec in enums]
+        for n, future in enumerate(big):
+            future.add_done_callback(lambda f, n=n: order.append(f"enum{n}"))
+        small = pooled.submit(GrammarSpec.regex("[a-z]+@[a-z]+"))
+        small.add_done_callback(lambda f: order.append("regex"))
+        small.result(timeout=60)
+        for future in big:
+            future.result(timeout=300)
+        assert order[0] == "regex", order
+        monkeypatch.setattr(compiler_module, "QUEUE_LIMIT", 1)
+        held = pooled.submit(GrammarSpec.json({"enum": [f"x{i}" for i in range(3000)]}))
+        with pytest.raises(compiler_module.GrammarBusy, match="busy"):
+            pooled.compile(GrammarSpec.json({"enum": [f"y{i}" for i in range(3000)]}))
+        held.result(timeout=300)
+    finally:
+        pooled.close()

@@ -6,6 +6,11 @@ once at start. Results are cached in memory (LRU) and on disk (`.npz` under
 $TGIX_CACHE/grammars), keyed by the spec, the options and the vocabulary's content hash.
 Concurrent requests for the same grammar share one compile. `workers=0` compiles inline in
 the caller's thread (tests, benchmarks).
+
+Two lanes of `workers` processes each: specs up to SMALL_SPEC_CHARS (a regex, a short schema)
+and larger ones, so a burst of expensive grammars (six 10,000-value enums took 39 s) never
+queues a one-line regex behind it. Each lane holds at most QUEUE_LIMIT compiles, queued or
+running; past that a compile fails at once with GrammarBusy (the server's 429).
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ from tgix.grammar.vocabulary import TokenVocabulary
 
 logger = logging.getLogger(__name__)
 _WORKER_MEMORY_BYTES = 8 << 30  # address-space cap per worker: a runaway compile fails alone
+SMALL_SPEC_CHARS = 2048  # specs up to this size compile in the small lane
+QUEUE_LIMIT = 32  # compiles queued or running per lane
+
+
+class GrammarBusy(GrammarError):
+    """The compile queue is full: retry later (not the grammar's fault)."""
 
 
 class GrammarCompiler:
@@ -55,7 +66,8 @@ class GrammarCompiler:
         self._memory_items = memory_items
         self._pending: dict[str, Future] = {}
         self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = None
+        self._pools: dict[str, ProcessPoolExecutor | None] = {"small": None, "large": None}
+        self._queued = {"small": 0, "large": 0}
         self._trie: Trie | None = None
 
     @classmethod
@@ -110,9 +122,10 @@ class GrammarCompiler:
         self.compile(GrammarSpec.regex("[0-9]"))
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        for lane, pool in self._pools.items():
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+                self._pools[lane] = None
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -122,25 +135,34 @@ class GrammarCompiler:
         return self._trie
 
     def _submit_to_pool(self, spec: GrammarSpec, key: str, result: Future) -> None:
+        lane = "small" if len(spec.value) <= SMALL_SPEC_CHARS else "large"
         with self._lock:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(
+            if self._queued[lane] >= QUEUE_LIMIT:
+                busy = GrammarBusy(f"grammar compiler busy ({QUEUE_LIMIT} compiles queued)")
+                self._pending.pop(key, None)
+                result.set_exception(busy)
+                return
+            self._queued[lane] += 1
+            pool = self._pools[lane]
+            if pool is None:
+                pool = self._pools[lane] = ProcessPoolExecutor(
                     self.workers,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_worker_init,
                     initargs=(self.vocab,),
                 )
-            pool = self._pool
 
         def done(f: Future) -> None:
+            with self._lock:
+                self._queued[lane] -= 1
             exc = f.exception()
             if exc is None:
                 self._finish(key, result, f.result())
                 return
             if isinstance(exc, BrokenProcessPool):
                 with self._lock:
-                    if self._pool is pool:
-                        self._pool = None
+                    if self._pools[lane] is pool:
+                        self._pools[lane] = None
                 exc = GrammarError("grammar compilation failed (compile worker died)")
             self._fail(key, result, exc)
 
@@ -148,7 +170,8 @@ class GrammarCompiler:
             pool.submit(_worker_compile, spec, self.options).add_done_callback(done)
         except (BrokenProcessPool, RuntimeError):
             with self._lock:
-                self._pool = None
+                self._queued[lane] -= 1
+                self._pools[lane] = None
             self._fail(key, result, GrammarError("grammar compiler is restarting, retry"))
 
     def _finish(self, key: str, result: Future, arrays: CompiledArrays) -> None:
@@ -164,9 +187,9 @@ class GrammarCompiler:
     def _fail(self, key: str, result: Future, exc: BaseException) -> None:
         with self._lock:
             self._pending.pop(key, None)
-        if not isinstance(exc, GrammarError):
-            logger.exception("grammar compilation failed", exc_info=exc)
-            exc = GrammarError(f"grammar compilation failed: {type(exc).__name__}: {exc}")
+        if not isinstance(exc, GrammarError):  # details in the log, never in a response
+            logger.error("grammar compilation failed", exc_info=exc)
+            exc = GrammarError("grammar compilation failed")
         result.set_exception(exc)
 
     def _path(self, key: str) -> Path | None:
