@@ -19,6 +19,7 @@ other requests.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -30,6 +31,7 @@ from tgix.grammar import GrammarError, GrammarSpec
 from tgix.grammar.compiler import GrammarBusy
 
 log = logging.getLogger("tgix.server")
+COMPILE_DEADLINE_S = 60.0  # a request waits at most this for its grammar (queue + compile)
 
 GRAMMAR_TYPES = ("json", "json_object", "json_schema", "regex")
 RESPONSE_FORMAT_TYPES = (*GRAMMAR_TYPES, "text")
@@ -126,13 +128,17 @@ async def compile_grammar(compiler, disabled: bool, grammar: dict[str, Any]) -> 
     """The compiled TokenIndex for a request's grammar. 422 "grammar is not supported" when
     grammars are disabled (--disable-grammar-support) or the tokenizer has no compiler;
     422 with the compiler's message when the grammar cannot be compiled; 429 when the
-    compile queue is full."""
+    compile queue is full or the compile has not finished by COMPILE_DEADLINE_S (it goes on,
+    and its result is cached for the next request)."""
     if disabled or compiler is None:
         raise errors.validation("grammar is not supported")
     spec = to_spec(grammar)
     try:
-        return await compiler.compile_async(spec)
-    except GrammarBusy:
+        # shielded: a request that stops waiting must not cancel a compile others share
+        return await asyncio.wait_for(
+            asyncio.shield(compiler.compile_async(spec)), COMPILE_DEADLINE_S
+        )
+    except (GrammarBusy, TimeoutError):  # the compile queue is full, or too slow to reach
         raise errors.overloaded() from None
     except GrammarError as exc:
         raise errors.validation(str(exc)) from None

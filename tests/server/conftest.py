@@ -21,7 +21,7 @@ from tests.server.fake_engine import FakeEngine
 
 
 class LiveServer:
-    def __init__(self, app, engine: FakeEngine, http=None):
+    def __init__(self, app, engine: FakeEngine, http=None, **config):
         self.app = app
         self.engine = engine
         self.state = app.state.tgix
@@ -37,6 +37,7 @@ class LiveServer:
             ws="none",
             loop="asyncio",
             http=http or GuardedH11Protocol,  # as server.lifecycle serves
+            **config,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(

@@ -137,3 +137,21 @@ def test_connections_are_capped_below_the_file_limit(monkeypatch, caplog):
         assert protocol.connection_cap(4096) == 1024 - protocol.FD_RESERVE
     assert "open connections capped at 960 (file limit 1024)" in caplog.text
     assert protocol.connection_cap(100) == 100
+
+
+def test_connections_past_the_cap_get_a_503(monkeypatch):
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (protocol.FD_RESERVE + 2, 4096))
+    engine = FakeEngine()
+    app = build_app(engine, make_settings(), steps=StepRecorder())
+    live = LiveServer(app, engine, limit_concurrency=protocol.connection_cap(4096))
+    held = [_connect(live) for _ in range(2)]
+    try:
+        extra = _connect(live)
+        extra.sendall(_head(len(BODY)) + BODY)
+        answer = _read_all(extra)
+        assert answer.startswith(b"HTTP/1.1 503 "), answer
+        assert engine.submitted == []
+    finally:
+        for sock in held:
+            sock.close()
+        live.stop()

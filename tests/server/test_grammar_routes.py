@@ -6,6 +6,7 @@ that fails to compile never disturbs another request."""
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 import pytest
 
@@ -284,3 +285,22 @@ def test_a_failing_compile_does_not_disturb_concurrent_requests(http, live):
     assert failed_stream.content.replace(b":\n\n", b"") == b"data: " + error + b"\n\n"
     assert len(live.engine.submitted) == 2
     assert all(r.grammar == FakeIndex(GrammarSpec.regex("H.*")) for r in live.engine.submitted)
+
+
+def test_a_grammar_that_takes_too_long_to_reach_is_a_429(http, live, monkeypatch):
+    """A request waits at most COMPILE_DEADLINE_S for its grammar (queue and compile), then
+    gets the overload answer; the server keeps serving."""
+    from server import grammar as server_grammar
+
+    monkeypatch.setattr(server_grammar, "COMPILE_DEADLINE_S", 0.2)
+    live.engine.grammar_compiler.delay = 1.0
+    params = {"max_new_tokens": 2, "grammar": {"type": "regex", "value": "H.*"}}
+    r = http.post("/generate", json={"inputs": "Hi", "parameters": params})
+    assert (r.status_code, r.json()) == (
+        429,
+        {"error": "Model is overloaded", "error_type": "overloaded"},
+    )
+    live.engine.grammar_compiler.delay = 0.0
+    r = http.post("/generate", json={"inputs": "Hi", "parameters": params})
+    assert r.status_code == 200
+    time.sleep(1.0)  # the abandoned compile finishes in the background
