@@ -10,11 +10,11 @@ are TGI's plain-text 4xx.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import re
 import struct
+import time
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -25,6 +25,7 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan
 _SURROGATE = re.compile(r"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}")
 BODY_TIMEOUT_S = 30.0  # a request body must arrive within this (slow-body clients)
 DRAIN_BYTES = 16 << 20  # read and dropped before a 413, so the answer reaches the client
+DRAIN_S = 1.0  # ... for at most this long
 MAX_DEPTH = 128  # nested arrays / objects in a body (serde_json's recursion limit, as TGI's)
 
 
@@ -98,37 +99,35 @@ def _is_json_content_type(value: str | None) -> bool:
 async def read_body(request: Request, limit: int) -> bytes:
     """The raw body, refusing a missing JSON content type (415), more than `limit` bytes
     (413, whether the size is announced or only seen while streaming) and a body that takes
-    more than BODY_TIMEOUT_S to arrive (408). Before a 413 the rest of the body is read and
-    dropped, up to DRAIN_BYTES: a client that sends everything before reading would
-    otherwise get a connection reset instead of the answer (servers' "lingering close")."""
+    more than BODY_TIMEOUT_S to arrive (408). An announced oversize is refused before any of
+    the body is read (uvicorn reads and drops what follows); one found while streaming is read
+    on and dropped, up to DRAIN_BYTES or DRAIN_S, before the 413, so a client that sends
+    everything before reading still gets the answer (servers' "lingering close")."""
     if not _is_json_content_type(request.headers.get("content-type")):
         raise PlainError(415, "Expected request with `Content-Type: application/json`")
     too_large = PlainError(413, "Failed to buffer the request body: length limit exceeded")
     length = request.headers.get("content-length")
-    chunks, size = [], 0
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks, size, drain_until = [], 0, None
     try:
         async with asyncio.timeout(BODY_TIMEOUT_S):
-            if length is not None and length.isdigit() and int(length) > limit:
-                await _drain(request, DRAIN_BYTES)
-                raise too_large
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > limit:
-                    await _drain(request, DRAIN_BYTES)
-                    raise too_large
-                chunks.append(chunk)
+                if size <= limit:
+                    chunks.append(chunk)
+                    continue
+                drain_until = drain_until or time.monotonic() + DRAIN_S
+                if size > limit + DRAIN_BYTES or time.monotonic() > drain_until:
+                    break
     except TimeoutError:
         raise PlainError(408, "Timed out reading the request body") from None
+    except ClientDisconnect:
+        if drain_until is None:
+            raise
+    if drain_until is not None:
+        raise too_large
     return b"".join(chunks)
-
-
-async def _drain(request: Request, budget: int) -> None:
-    """Read and drop what is left of the body, up to `budget` bytes."""
-    with contextlib.suppress(ClientDisconnect):
-        async for chunk in request.stream():
-            budget -= len(chunk)
-            if budget <= 0:
-                return
 
 
 def parse_json(raw: bytes) -> Any:

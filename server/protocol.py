@@ -10,8 +10,8 @@
 
 Request smuggling (both `Content-Length` and `Transfer-Encoding`) is refused in front of
 every route (server.middleware). Slow bodies are bounded where they are read
-(server.jsonio.read_body), oversized ones drained up to a bound so the 413 reaches a client
-that sends everything before reading.
+(server.jsonio.read_body), oversized streamed ones drained up to a bound so the 413 reaches
+a client that sends everything before reading.
 """
 
 from __future__ import annotations
