@@ -8,7 +8,8 @@ Traffic: --concurrency closed-loop clients, each drawing a kind per request (see
 or not), completions with n=2 and logprobs, /tokenize, a stream cancelled after two events, a
 client that vanishes mid-stream (socket reset), and bad input (wrong types, deep nesting, an
 overlong stop, overflowing numbers, malformed JSON). Watched meanwhile: the server's RSS every
-5 s (its slope by least squares, MiB per minute, after the first minute's warm-up), /health's
+5 s (its slope by least squares, MiB per minute, after the first minute's warm-up, and over
+the second half alone: caches that fill early flatten there, a leak does not), /health's
 latency every 0.5 s from its own thread, and KV pages (free + prefix-cached) once warm and
 again after the load, when the server is idle.
 
@@ -300,6 +301,8 @@ def main(argv=None) -> int:
         "rss_mib_start": watch.rss[0][1] if watch.rss else None,
         "rss_mib_end": watch.rss[-1][1] if watch.rss else None,
         "rss_slope_mib_per_min": slope_per_minute(rss),
+        "rss_slope_second_half_mib_per_min": slope_per_minute(rss[len(rss) // 2 :]),
+        "rss_series": [(round(t), round(m, 1)) for t, m in watch.rss],
         "pages_baseline": sum(baseline.get(k, 0) for k in key),
         "pages_after": sum(after.get(k, 0) for k in key),
         "health_p50_s": statistics.median(health) if health else None,
@@ -307,7 +310,8 @@ def main(argv=None) -> int:
         "health_failures": watch.health_failures,
         "request_p50_s": statistics.median(latencies) if latencies else None,
     }
-    print_table("soak", ["figure", "value"], [(k, str(v)) for k, v in results.items()])
+    rows = [(k, str(v)) for k, v in results.items() if k != "rss_series"]
+    print_table("soak", ["figure", "value"], rows)
     write_json(args.json, results)
     ok = results["responses_5xx"] == 0 and results["pages_after"] == results["pages_baseline"]
     return 0 if ok and p99 < 1.0 else 1
