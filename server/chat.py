@@ -50,12 +50,9 @@ class ChatRequest:
         )
 
     def for_choice(self, j: int) -> ChatRequest:
-        """Choice j of `n`: a seeded request's choices use seeds seed, seed + 1, ..."""
-        p = self.params
-        if j == 0 or p.seed is None:
-            return self
-        params = dataclasses.replace(p, seed=(p.seed + j) % 2**64, stop=list(p.stop))
-        return dataclasses.replace(self, params=params)
+        """Choice j of `n` (GenerateParams.for_choice: its own seed when seeded)."""
+        params = self.params.for_choice(j)
+        return self if params is self.params else dataclasses.replace(self, params=params)
 
 
 def _content(f: Fields) -> str:
@@ -153,7 +150,7 @@ def choice_count(f: Fields, limit: int) -> int:
     return n
 
 
-def parse_chat(value: Any, max_choices: int = 1) -> ChatRequest:
+def parse_chat(value: Any, max_choices: int) -> ChatRequest:
     f = Fields(value, "ChatRequest")
     if not f.has("messages"):
         raise deserialize_error("", "missing field `messages`")

@@ -116,7 +116,8 @@ async def chat_tokenize(request: Request) -> Response:
     """The templated prompt and its tokens (no special tokens added: the template has them)."""
     st = of(request)
     try:
-        chat = parse_chat(await read_json(request, st.settings.payload_limit))
+        value = await read_json(request, st.settings.payload_limit)
+        chat = parse_chat(value, st.settings.max_concurrent_requests)
     except (PlainError, ApiError) as exc:
         return exc.response()
     st.metrics.count.inc()

@@ -11,7 +11,6 @@ generate nothing), as lm-evaluation-harness's loglikelihood requests do.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from server import errors
@@ -34,14 +33,6 @@ class CompletionRequest:
     logprobs: int | None = None  # alternatives per token; None: no logprobs
     include_usage: bool = False
     score_only: bool = False  # max_tokens 0 with echo: the one generated token is dropped
-
-    def choice_params(self, j: int) -> GenerateParams:
-        """Choice j's parameters: a seeded request's choices use seeds seed, seed + 1, ...
-        so they differ while the request stays reproducible."""
-        p = self.params
-        if j == 0 or p.seed is None:
-            return p
-        return dataclasses.replace(p, seed=(p.seed + j) % 2**64, stop=list(p.stop))
 
 
 def _prompts(value) -> list[Prompt]:

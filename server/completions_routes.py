@@ -59,7 +59,7 @@ async def _choice_frames(
         yield event(completion_chunk(index, prompt_text, shape))
     hold = openai_format.StopHoldback(req.params.stop)
     offset = len(prompt_text or "")
-    params = req.choice_params(index % req.n)
+    params = req.params.for_choice(index % req.n)
     async with aclosing(events(st, prompt, params)) as stream:
         async for ev, final in stream:
             text = hold.push("" if ev is None or ev.token.special else ev.token.text)
@@ -92,7 +92,7 @@ def _frames(
 
 async def _answers(request: Request, st: ServerState, req: CompletionRequest):
     runs = [
-        run_once(request.receive, st, prompt, req.choice_params(j))
+        run_once(request.receive, st, prompt, req.params.for_choice(j))
         for prompt in req.prompts
         for j in range(req.n)
     ]

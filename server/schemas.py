@@ -8,6 +8,7 @@ silent about `do_sample`, decoding is greedy.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,13 @@ class GenerateParams:
     grammar: dict[str, Any] | None = None  # normal form (server.grammar)
     adapter_id: str | None = None
     ignore_eos: bool = False  # OpenAI routes only: vLLM's extension (fixed-length benchmarks)
+
+    def for_choice(self, j: int) -> GenerateParams:
+        """Choice j of an OpenAI request's `n`: a seeded request's choices use seeds seed,
+        seed + 1, ... so they differ while the request stays reproducible."""
+        if j == 0 or self.seed is None:
+            return self
+        return dataclasses.replace(self, seed=(self.seed + j) % 2**64, stop=list(self.stop))
 
 
 @dataclass(slots=True, kw_only=True)
