@@ -2,6 +2,7 @@
 
     python -m benchmarks.soak [--minutes 20] [--concurrency 8] [--seed 0] [--port 3111]
         [--max-tokens 24] [--start-timeout 1200] [--json benchmarks/results/soak.json]
+        [--trace [--tracemalloc N]]
 
 Traffic: --concurrency closed-loop clients, each drawing a kind per request (seeded): plain
 /generate, streamed /generate_stream, streamed chat, a JSON-schema chat, a tool call (streamed
@@ -15,6 +16,8 @@ again after the load, when the server is idle.
 
 Targets (issue "Hardening"): 0 responses >= 500, RSS slope within noise, pages back to the
 baseline, /health p99 < 1 s. JSON with every figure in --json; the server's log beside it.
+--trace serves through `benchmarks.traced_serve`, which watches malloc and Python's heap from
+inside (and with --tracemalloc N, where allocations grew), to tell a leak from caches.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -35,6 +39,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import traced_serve
 from benchmarks.harness import print_table, wait_healthy, write_json
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
@@ -260,14 +265,22 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--start-timeout", type=float, default=1200)
     p.add_argument("--json", default="benchmarks/results/soak.json")
+    p.add_argument("--trace", action="store_true", help="serve via benchmarks.traced_serve")
+    p.add_argument("--tracemalloc", type=int, default=0, help="frames per trace (with --trace)")
     args = p.parse_args(argv)
     url = f"http://127.0.0.1:{args.port}"
     log_path = Path(args.json).with_suffix(".log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    trace_path = Path(args.json).with_suffix(".trace.jsonl")
+    trace_path.unlink(missing_ok=True)
+    module = "benchmarks.traced_serve" if args.trace else "tgix.serve"
+    env = dict(
+        os.environ, TGIX_MEMORY_TRACE=str(trace_path), TGIX_TRACEMALLOC=str(args.tracemalloc)
+    )
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tgix.serve", "--port", str(args.port)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [sys.executable, "-m", module, "--port", str(args.port)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
         )  # fmt: skip
     try:
         wait_healthy(args.port, proc, args.start_timeout)
@@ -279,12 +292,18 @@ def main(argv=None) -> int:
         baseline = wait_idle(url)
         watch = Watch(url, proc.pid)
         watch.start()
+        if args.trace:
+            os.kill(proc.pid, signal.SIGUSR1)
         started = time.monotonic()
         outcomes, kinds, latencies = asyncio.run(load(url, args.port, args))
         elapsed = time.monotonic() - started
         after = wait_idle(url)
         watch.stop_flag.set()
         watch.join()
+        if args.trace:
+            os.kill(proc.pid, signal.SIGUSR2)
+            while '"mark": "end"' not in trace_path.read_text():
+                time.sleep(1)
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=60)
@@ -310,7 +329,9 @@ def main(argv=None) -> int:
         "health_failures": watch.health_failures,
         "request_p50_s": statistics.median(latencies) if latencies else None,
     }
-    rows = [(k, str(v)) for k, v in results.items() if k != "rss_series"]
+    if args.trace:
+        results["trace"] = traced_serve.summarise(str(trace_path), slope_per_minute)
+    rows = [(k, str(v)) for k, v in results.items() if k not in ("rss_series", "trace")]
     print_table("soak", ["figure", "value"], rows)
     write_json(args.json, results)
     ok = results["responses_5xx"] == 0 and results["pages_after"] == results["pages_baseline"]
