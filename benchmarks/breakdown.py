@@ -185,7 +185,7 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt", type=int, default=80, help="prompt tokens")
     parser.add_argument("--json", default="benchmarks/results/breakdown.json")
     args = parser.parse_args(argv)
-    logging.getLogger("tgix.engine.runner").setLevel(logging.ERROR)
+    logging.getLogger("tgix.engine.executables").setLevel(logging.ERROR)
     from tgix.engine.buckets import Buckets
     from tgix.engine.runner import Runner, RunnerConfig
     from tgix.models import load_model

@@ -75,7 +75,8 @@ def measure(base, data: int, model: int, args) -> dict:
     from tgix.attention.pack import RowInput
     from tgix.engine.buckets import Buckets
     from tgix.engine.request import SamplingParams
-    from tgix.engine.runner import RowSampling, Runner, RunnerConfig
+    from tgix.engine.runner import Runner, RunnerConfig
+    from tgix.engine.step_inputs import RowSampling
 
     page = 16
     rows_per_replica = max(1, args.batch // data)
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
 
     from benchmarks.harness import machine
 
-    logging.getLogger("tgix.engine.runner").setLevel(logging.ERROR)  # compiled lazily here
+    logging.getLogger("tgix.engine.executables").setLevel(logging.ERROR)  # compiled lazily here
     from tgix.models import load_model
 
     loaded = {1: load_model(args.model_id)}

@@ -73,7 +73,8 @@ def cycle(runner, prompt: list[int], batch: int, decode: int, pages_per_row: int
     """One prefill + decode cycle of `batch` identical requests; seconds of each part."""
     from tgix.attention.pack import RowInput
     from tgix.engine.request import SamplingParams
-    from tgix.engine.runner import RowSampling, Runner
+    from tgix.engine.runner import Runner
+    from tgix.engine.step_inputs import RowSampling
 
     greedy = SamplingParams()
     pages = [list(range(1 + i * pages_per_row, 1 + (i + 1) * pages_per_row)) for i in range(batch)]
@@ -145,7 +146,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.decode_length < 2:
         parser.error("--decode-length must be >= 2 (the first token comes from the prefill)")
-    logging.getLogger("tgix.engine.runner").setLevel(logging.ERROR)
+    logging.getLogger("tgix.engine.executables").setLevel(logging.ERROR)
     from benchmarks.harness import machine
     from tgix.models import load_model
     from tgix.tokenizer import load_tokenizer

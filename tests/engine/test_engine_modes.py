@@ -131,7 +131,7 @@ from tests.engine.conftest import make_engine
 from tgix.engine.request import GenerationRequest
 eng = make_engine({path!r}, {cache!r})
 *_, c = eng.submit(GenerationRequest(prompt_ids=(5, 9, 12, 40), max_new_tokens=12))
-ex = eng.runner._executables
+ex = eng.runner.executables.cache
 print(json.dumps({{"ids": [t.id for t in c.tokens], "hits": ex.hits, "misses": ex.misses}}))
 eng.shutdown()
 """

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from tgix.engine.buckets import Buckets
 from tgix.engine.engine import Engine, StepHook
+from tgix.engine.executables import enable_compilation_cache
 from tgix.engine.kv_cache import kv_bytes_per_token
 from tgix.engine.kv_manager import KVManager
 from tgix.engine.limits import (
@@ -23,7 +24,7 @@ from tgix.engine.limits import (
     kv_budget_tokens,
     resolve_limits,
 )
-from tgix.engine.runner import Runner, RunnerConfig, enable_compilation_cache
+from tgix.engine.runner import Runner, RunnerConfig
 from tgix.engine.scheduler import Scheduler, SchedulerConfig
 from tgix.models import LoadedModel
 

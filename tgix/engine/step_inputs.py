@@ -1,0 +1,113 @@
+"""A step's inputs on the host (numpy): each row's sampling and grammar mask, packed into the
+HostStep that `Runner.dispatch` sends.
+
+`row_inputs` reads them off the rows' RequestStates (the engine thread's side);
+`pack_host_step` pads everything to the step's bucket: the attention backend's `pack` for
+token ids and metadata, sampling_host for the sampler's arrays and histories, and the
+grammar words (all allowed for rows without one). Kept apart from the Runner, which owns the
+device state, so what a dispatch sends (and what process 0 broadcasts) is built in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tgix.attention.contract import METADATA_FIELDS
+from tgix.engine.batch import HostStep
+from tgix.engine.buckets import StepShape
+from tgix.engine.request import SamplingParams
+from tgix.engine.sampling_host import pack_history, pack_sampling
+from tgix.engine.token_mask import ALL_ALLOWED
+
+if TYPE_CHECKING:
+    from tgix.attention.backend import AttentionBackend
+    from tgix.engine.request_state import RequestState
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSampling:
+    """What the sampler needs of one row: its settings, the position of the token it is
+    producing (seeded draws fold it in), and its token history: prompt + generated ids when
+    it uses penalties, at least the previous token with a watermark, else empty."""
+
+    params: SamplingParams
+    position: int
+    history: Sequence[int]
+
+
+def row_inputs(
+    rows: Sequence, seqs: Sequence[RequestState | None]
+) -> tuple[list[RowSampling], list[np.ndarray | None]]:
+    """Per row (PlanRow-like) its RowSampling and its grammar's packed allowed-token words
+    (None: unconstrained, or a row that produces no token). A row whose request ended
+    meanwhile (None) samples greedily; its result is discarded."""
+    sampling = [
+        RowSampling(seq.params, r.end_pos, seq.history())
+        if seq is not None
+        else RowSampling(SamplingParams(), r.start_pos + 1, [])  # ended meanwhile
+        for r, seq in zip(rows, seqs, strict=True)
+    ]
+    masks = [
+        seq.token_mask() if seq is not None and r.produces_token else None
+        for r, seq in zip(rows, seqs, strict=True)
+    ]
+    return sampling, masks
+
+
+def pack_host_step(
+    backend: AttentionBackend,
+    rows: Sequence,
+    sampling: Sequence[RowSampling],
+    shape: StepShape,
+    *,
+    page_size: int,
+    history_lengths: Sequence[int],
+    vocab_size: int,
+    token_masks: Sequence[np.ndarray | None] | None = None,
+) -> HostStep:
+    """Rows (PlanRow-like: token_ids, start_pos, pages) and one RowSampling per row ->
+    the HostStep of `shape`. `history_lengths`: the buckets' history lengths (the shortest
+    unless a row uses penalties or a watermark); `token_masks`: per row packed words [W]
+    uint32 or None."""
+    packed = backend.pack(
+        rows,
+        page_size=page_size,
+        num_tokens=shape.num_tokens,
+        num_rows=shape.num_rows,
+        pages_per_row=shape.pages_per_row,
+    )
+    history_len = _history_len(sampling, history_lengths)
+    positions = np.zeros(shape.num_rows, np.int32)
+    positions[: len(sampling)] = [s.position for s in sampling]
+    return HostStep(
+        shape=shape,
+        history_len=history_len,
+        token_ids=packed["token_ids"],
+        metadata={k: packed[k] for k in METADATA_FIELDS},
+        logits_indices=packed["logits_indices"],
+        sampling=pack_sampling([s.params for s in sampling], shape.num_rows),
+        positions=positions,
+        history=pack_history([s.history for s in sampling], shape.num_rows, history_len),
+        masks=_pack_masks(token_masks, shape.num_rows, vocab_size),
+    )
+
+
+def _pack_masks(token_masks, num_rows: int, vocab_size: int) -> np.ndarray | None:
+    if not token_masks or all(m is None for m in token_masks):
+        return None
+    words = -(-vocab_size // 32)
+    packed = np.full((num_rows, words), ALL_ALLOWED, dtype=np.uint32)
+    for i, mask in enumerate(token_masks):
+        if mask is not None:
+            packed[i] = mask
+    return packed
+
+
+def _history_len(sampling: Sequence[RowSampling], lengths: Sequence[int]) -> int:
+    if not any(s.params.uses_penalties or s.params.watermark for s in sampling):
+        return lengths[0]
+    return lengths[-1]
