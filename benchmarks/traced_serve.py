@@ -5,14 +5,16 @@
 Runs the launcher unchanged in this process, plus a thread that appends one JSON line every
 10 s: RSS, what glibc's malloc holds (`mallinfo2`: `in_use` bytes handed out, `free` bytes
 kept in its heaps, `mmapped` large blocks), Python's allocated block count, and with
-TGIX_TRACEMALLOC=N (frames per trace) the bytes tracemalloc sees. RSS rising while `in_use`
+TGIX_TRACEMALLOC=N (frames per trace, traced from the load's start on) the bytes tracemalloc
+sees. RSS rising while `in_use`
 and the block count stay level is the allocator keeping freed memory (fragmentation), not a
 leak; `in_use` rising with the block count level is native memory (XLA, tokenizers).
 
-Signals (sent by `benchmarks.soak --trace`): SIGUSR1 marks the start of the load (and takes
-the first tracemalloc snapshot); SIGUSR2 its end: a second snapshot, the 25 sites whose
-allocations grew most between the two, then `malloc_trim(0)` and the RSS before and after it
-(how much of the RSS was free memory glibc had kept).
+Signals (sent by `benchmarks.soak --trace`): SIGUSR1 marks the start of the load (tracemalloc
+starts there: what it sees at the end is what the load allocated and kept); SIGUSR2 its end:
+a snapshot, the 25 sites whose live allocations grew most since the start, then
+`malloc_trim(0)` and the RSS before and after it (how much of the RSS was free memory glibc
+had kept).
 
 Diagnostic only: a tracemalloc snapshot holds the GIL for about a second.
 """
@@ -70,9 +72,9 @@ def sample(start: float) -> dict:
 
 
 class Tracer(threading.Thread):
-    def __init__(self, path: str):
+    def __init__(self, path: str, frames: int):
         super().__init__(daemon=True, name="memory-trace")
-        self.path, self.start_t = path, time.monotonic()
+        self.path, self.frames, self.start_t = path, frames, time.monotonic()
         self.marks: list[str] = []
         self.first: tracemalloc.Snapshot | None = None
         self.wake = threading.Event()
@@ -86,6 +88,8 @@ class Tracer(threading.Thread):
             out.write(json.dumps(row) + "\n")
 
     def on_mark(self, name: str) -> None:
+        if name == "start" and self.frames:
+            tracemalloc.start(self.frames)  # not earlier: tracing slows start-up's tracing 2x
         row = {"mark": name, **sample(self.start_t)}
         if tracemalloc.is_tracing():
             snapshot = tracemalloc.take_snapshot()
@@ -138,9 +142,7 @@ def summarise(path: str, slope, warmup_s: float = 60) -> dict:
 
 def main() -> None:
     frames = int(os.environ.get("TGIX_TRACEMALLOC", "0"))
-    if frames:
-        tracemalloc.start(frames)
-    tracer = Tracer(os.environ["TGIX_MEMORY_TRACE"])
+    tracer = Tracer(os.environ["TGIX_MEMORY_TRACE"], frames)
     tracer.start()
     signal.signal(signal.SIGUSR1, lambda *_: tracer.mark("start"))
     signal.signal(signal.SIGUSR2, lambda *_: tracer.mark("end"))
