@@ -38,9 +38,13 @@ STEPS = {
     "scheduler order": [(9, 1), (30, 1), (2, 1), (21, 13), (0, 7), (0, 1), (0, 5)],
     # one-token rows with history after a multi-token row go through the per-row pass
     "any order": [(0, 6), (17, 1), (40, 9), (5, 1), (0, 1), (3, 2)],
+    # a few leading one-token rows (a middle-sized sub-block)
+    "few decode rows": [(3 + 2 * i, 1) for i in range(6)] + [(20, 9)],
     # more leading one-token rows than one sub-block of 16
     "many decode rows": [(3 + 5 * i, 1) for i in range(19)] + [(50, 8), (0, 4)],
     "continuing only": [(61, 24)],
+    # a row longer than the largest query window below the block (the whole block's window)
+    "long continuing": [(3, 1), (12, 40)],
 }
 
 

@@ -20,6 +20,8 @@ the result is reference_attention's for any step; the split decides only the spe
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -33,7 +35,8 @@ from tgix.attention.xla import (
     token_pages,
 )
 
-_SUB_BLOCK = 16  # tokens of the per-token pass that share one loop bound
+SUB_BLOCKS = (4, 8, 16)  # tokens of the per-token pass that share one loop bound
+WINDOWS = (8, 32)  # query windows of the per-row pass (and the block itself), smallest first
 
 
 def mixed_attention(
@@ -77,14 +80,13 @@ def mixed_attention(
             carry = tuple(jax.lax.dynamic_slice_in_dim(x, start, block, 2) for x in head_carry)
             first = jnp.maximum(start, lead)  # this block's tokens for the per-row pass
             stop = jnp.minimum(start + block, real)
-            index = start + jnp.arange(block, dtype=jnp.int32)
-            later = (index >= lead) & (index < real)  # [Q]
             row_lo = md.token_rows[jnp.minimum(first, t - 1)]
             row_hi = jnp.where(first < stop, md.token_rows[jnp.maximum(stop - 1, 0)] + 1, row_lo)
 
-            def row_pass(r, carry):
-                mine = later & (q_rows == r)
-                return pages.per_row(carry, r, history[r], q_blk, mine, q_pos)
+            def row_pass(r, carry):  # row r's tokens are block offsets [lo, hi)
+                lo = jnp.maximum(md.cu_q_lens[r], first) - start
+                hi = jnp.minimum(md.cu_q_lens[r + 1], stop) - start
+                return pages.per_row(carry, r, history[r], q_blk, q_pos, lo, hi)
 
             return jax.lax.fori_loop(row_lo, row_hi, row_pass, carry)
 
@@ -111,24 +113,35 @@ class _Pages:
         return valid
 
     def per_token(self, q, md: AttentionMetadata, history, lead):
-        """History of tokens [0, lead) (q [head, N, H]): per sub-block of 16 tokens, a loop
-        over page chunks up to the sub-block's longest history. Returns the softmax carry
+        """History of tokens [0, lead) (q [head, N, H]): per sub-block of S tokens, a loop
+        over page chunks up to the sub-block's longest history, S the smallest of SUB_BLOCKS
+        that holds `lead` (else the largest): a sub-block computes all S tokens, so 7 decode
+        rows in 16-token sub-blocks cost twice 8-token ones. Returns the softmax carry
         token-major: max, denominator [head, K, G], sum [head, K, G, H]."""
+        head = q.shape[0]
+        sizes = sorted({min(s, head) for s in SUB_BLOCKS})
+        index = sum((lead > s).astype(jnp.int32) for s in sizes[:-1])
+        branches = [functools.partial(self._per_token, s) for s in sizes]
+        return jax.lax.switch(index, branches, q, md, history, lead)
+
+    def _per_token(self, sub, q, md: AttentionMetadata, history, lead):
         head, n, h = q.shape
         k = self.k_pages.shape[2]
         g = n // k
-        sub = min(_SUB_BLOCK, head)
         head_pad = -(-head // sub) * sub
         padding = lambda x: jnp.pad(x, [(0, head_pad - head)] + [(0, 0)] * (x.ndim - 1))
         q_all = padding(q.reshape(head, k, g, h).astype(jnp.float32) * h**-0.5)
         rows, pos = padding(md.token_rows[:head]), padding(md.positions[:head])
         index = jnp.arange(head_pad, dtype=jnp.int32)
-        hist_all = jnp.where(index < lead, history[rows], 0)  # [head'] 0: not this pass's
+        mine = index < lead
+        hist_all = jnp.where(mine, history[rows], 0)  # [head'] 0: not this pass's
+        # tokens of other passes read the null page: the same few cache lines, not their rows'
+        page_rows = jnp.where(mine[:, None], self.page_table[rows], 0)  # [head', P']
 
         def sub_block(sb, out):
             at = sb * sub
             q_sb = jax.lax.dynamic_slice_in_dim(q_all, at, sub)  # [S, K, G, H]
-            pages_sb = self.page_table[jax.lax.dynamic_slice_in_dim(rows, at, sub)]  # [S, P']
+            pages_sb = jax.lax.dynamic_slice_in_dim(page_rows, at, sub)  # [S, P']
             hist = jax.lax.dynamic_slice_in_dim(hist_all, at, sub)[:, None]  # [S, 1]
             q_pos = jax.lax.dynamic_slice_in_dim(pos, at, sub)
 
@@ -152,11 +165,27 @@ class _Pages:
         out = jax.lax.fori_loop(0, num_sub, sub_block, _softmax_init((head_pad, k, g), h))
         return tuple(x[:head] for x in out)
 
-    def per_row(self, carry, row, hist, q_blk, mine, q_pos):
-        """Fold row `row`'s history (hist positions) into a query block's carry, for the
-        block's tokens where `mine` [Q]; q_blk [K, G, Q, H] scaled. Each page chunk is read
-        once for the whole block."""
+    def per_row(self, carry, row, hist, q_blk, q_pos, lo, hi):
+        """Fold row `row`'s history (hist positions) into a query block's carry for the
+        block's tokens [lo, hi) (q_blk [K, G, Q, H] scaled, carry [K, G, Q(, H)]). The
+        tokens go through one window of the smallest of WINDOWS that holds them, so a row
+        of 8 new tokens in a 32-token block scores 8 queries per history position, not 32;
+        each page chunk is read once for the window."""
+        q = q_blk.shape[2]
+        sizes = [w for w in WINDOWS if w < q] + [q]
+        span = hi - lo
+        index = sum((span > w).astype(jnp.int32) for w in sizes[:-1])
+        branches = [functools.partial(self._window, w) for w in sizes]
+        return jax.lax.switch(index, branches, carry, row, hist, q_blk, q_pos, lo, hi)
+
+    def _window(self, w, carry, row, hist, q_blk, q_pos, lo, hi):
+        """per_row for spans of at most w tokens: queries [at, at + w), at <= lo."""
         k, h = self.k_pages.shape[2], self.k_pages.shape[3]
+        at = jnp.minimum(lo, q_blk.shape[2] - w)
+        q_w = jax.lax.dynamic_slice_in_dim(q_blk, at, w, 2)  # [K, G, W, H]
+        pos_w = jax.lax.dynamic_slice_in_dim(q_pos, at, w)
+        index = at + jnp.arange(w, dtype=jnp.int32)
+        mine = (index >= lo) & (index < hi)  # [W]
 
         def chunk(i, carry):
             ids = jax.lax.dynamic_slice_in_dim(
@@ -164,10 +193,15 @@ class _Pages:
             )
             k_c = jnp.moveaxis(self.k_pages[ids].reshape(self.chunk, k, h), 1, 0)  # [K, C, H]
             v_c = jnp.moveaxis(self.v_pages[ids].reshape(self.chunk, k, h), 1, 0)
-            scores = jnp.einsum("kgqh,kch->kgqc", q_blk, k_c.astype(jnp.float32))
+            scores = jnp.einsum("kgqh,kch->kgqc", q_w, k_c.astype(jnp.float32))
             kv_pos = i * self.chunk + jnp.arange(self.chunk, dtype=jnp.int32)[None, :]
-            valid = self._valid(kv_pos, hist, q_pos) & mine[:, None]  # [Q, C]
+            valid = self._valid(kv_pos, hist, pos_w) & mine[:, None]  # [W, C]
             scores = jnp.where(valid[None, None], scores, MASKED)
             return _softmax_step(carry, scores, v_c.astype(jnp.float32), "kgqc,kch->kgqh")
 
-        return jax.lax.fori_loop(0, (hist + self.chunk - 1) // self.chunk, chunk, carry)
+        part = tuple(jax.lax.dynamic_slice_in_dim(c, at, w, 2) for c in carry)
+        part = jax.lax.fori_loop(0, (hist + self.chunk - 1) // self.chunk, chunk, part)
+        return tuple(
+            jax.lax.dynamic_update_slice_in_dim(c, p, at, 2)
+            for c, p in zip(carry, part, strict=True)
+        )
