@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from server.app import build_app
 from server.args import parse_args
+from server.heap import release_freed_heap
 from server.lifecycle import serve
 from server.settings import ArgumentError, Settings
 
@@ -114,6 +115,7 @@ def main(argv: Sequence[str] | None, engine_factory: EngineFactory) -> int:
         print(exc, file=sys.stderr)
         return 1
     app = build_app(engine, settings)
+    release_freed_heap()  # what the start-up compiles freed (server/heap.py)
     print(summary(settings, engine), flush=True)
     serve(app, settings)
     return 0
