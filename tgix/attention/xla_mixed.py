@@ -8,10 +8,12 @@ longest row in the step. Here a token's attention is three passes folded into on
 softmax carry:
 
   per token  the leading run of one-token rows (decode rows; the scheduler puts them first)
-             gathers each token's pages, in sub-blocks of 16 tokens that loop only as far as
-             their own longest history: each row's pages are read once, as they must be
+             gathers each token's pages, in sub-blocks (4, 8 or 16 tokens, by the run's
+             length) that loop only as far as their own longest history: each row's pages
+             are read once, as they must be
   per row    every later token: a query block reads the history pages of each of its rows
-             once, for all of that row's tokens in the block
+             once, for that row's tokens in the block, scored in the smallest query window
+             (8, 32 or the block) that holds them
   own        the step's own K/V, causal within the row (prefill_attention's block loop)
 
 Every (token, earlier position) pair is seen by exactly one pass whatever the row order, so
@@ -37,6 +39,14 @@ from tgix.attention.xla import (
 
 SUB_BLOCKS = (4, 8, 16)  # tokens of the per-token pass that share one loop bound
 WINDOWS = (8, 32)  # query windows of the per-row pass (and the block itself), smallest first
+
+
+def switch_by_size(sizes, n, branch, *operands):
+    """branch(size, *operands) for the smallest of `sizes` (ascending, static) that holds n
+    (traced), else the largest: each size is compiled, one runs (lax.switch)."""
+    index = sum((n > s).astype(jnp.int32) for s in sizes[:-1])
+    branches = [functools.partial(branch, s) for s in sizes]
+    return jax.lax.switch(index, branches, *operands)
 
 
 def mixed_attention(
@@ -118,11 +128,8 @@ class _Pages:
         that holds `lead` (else the largest): a sub-block computes all S tokens, so 7 decode
         rows in 16-token sub-blocks cost twice 8-token ones. Returns the softmax carry
         token-major: max, denominator [head, K, G], sum [head, K, G, H]."""
-        head = q.shape[0]
-        sizes = sorted({min(s, head) for s in SUB_BLOCKS})
-        index = sum((lead > s).astype(jnp.int32) for s in sizes[:-1])
-        branches = [functools.partial(self._per_token, s) for s in sizes]
-        return jax.lax.switch(index, branches, q, md, history, lead)
+        sizes = sorted({min(s, q.shape[0]) for s in SUB_BLOCKS})
+        return switch_by_size(sizes, lead, self._per_token, q, md, history, lead)
 
     def _per_token(self, sub, q, md: AttentionMetadata, history, lead):
         head, n, h = q.shape
@@ -173,10 +180,7 @@ class _Pages:
         each page chunk is read once for the window."""
         q = q_blk.shape[2]
         sizes = [w for w in WINDOWS if w < q] + [q]
-        span = hi - lo
-        index = sum((span > w).astype(jnp.int32) for w in sizes[:-1])
-        branches = [functools.partial(self._window, w) for w in sizes]
-        return jax.lax.switch(index, branches, carry, row, hist, q_blk, q_pos, lo, hi)
+        return switch_by_size(sizes, hi - lo, self._window, carry, row, hist, q_blk, q_pos, lo, hi)
 
     def _window(self, w, carry, row, hist, q_blk, q_pos, lo, hi):
         """per_row for spans of at most w tokens: queries [at, at + w), at <= lo."""
