@@ -41,6 +41,7 @@ import httpx
 
 from benchmarks import traced_serve
 from benchmarks.harness import print_table, wait_healthy, write_json
+from server.heap import rss_mib
 
 USER = [{"role": "user", "content": "Tell me about the sea."}]
 WEATHER = {
@@ -63,13 +64,6 @@ BAD_BODIES = [
     '{"inputs": "x"',
     '{"messages": [{"role": "user"}]}',
 ]
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def pages(url: str) -> float:
@@ -121,7 +115,7 @@ class Watch(threading.Thread):
                 self.health.append(time.monotonic() - t0)
                 self.health_failures += not ok
                 if t0 >= next_rss:
-                    self.rss.append((t0 - start, rss_mib(self.pid)))
+                    self.rss.append((t0 - start, rss_mib(self.pid) or float("nan")))
                     next_rss = t0 + 5.0
                 self.stop_flag.wait(0.5)
 
@@ -301,8 +295,11 @@ def main(argv=None) -> int:
         watch.stop_flag.set()
         watch.join()
         if args.trace:
-            os.kill(proc.pid, signal.SIGUSR2)
+            os.kill(proc.pid, signal.SIGUSR2)  # the end row: snapshot diff and malloc_trim
+            deadline = time.monotonic() + 120
             while '"mark": "end"' not in trace_path.read_text():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the traced server wrote no end row")
                 time.sleep(1)
     finally:
         os.killpg(proc.pid, 15)

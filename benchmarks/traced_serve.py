@@ -32,6 +32,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from server.heap import release_freed_heap, rss_mib
+
 
 class MallInfo2(ctypes.Structure):
     """glibc's `struct mallinfo2` (2.33+): every field a size_t."""
@@ -49,18 +51,11 @@ LIBC = ctypes.CDLL("libc.so.6")
 LIBC.mallinfo2.restype = MallInfo2
 
 
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def sample(start: float) -> dict:
     info = LIBC.mallinfo2()
     row = {
         "t": round(time.monotonic() - start, 1),
-        "rss_mib": round(rss_mib(), 1),
+        "rss_mib": round(rss_mib() or float("nan"), 1),
         "malloc_in_use_mib": round(info.uordblks / 2**20, 1),
         "malloc_free_mib": round(info.fordblks / 2**20, 1),
         "malloc_mmapped_mib": round(info.hblkhd / 2**20, 1),
@@ -106,9 +101,11 @@ class Tracer(threading.Thread):
                     for s in stats
                 ]
         if name == "end":
-            row["rss_before_trim_mib"] = row["rss_mib"]
-            LIBC.malloc_trim(0)
-            row["rss_after_trim_mib"] = round(rss_mib(), 1)
+            before, after = release_freed_heap() or (float("nan"),) * 2
+            row["rss_before_trim_mib"], row["rss_after_trim_mib"] = (
+                round(before, 1),
+                round(after, 1),
+            )
         self.write(row)
 
     def run(self) -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 log = logging.getLogger("tgix.server")
 
 
-def rss_mib() -> float | None:
-    """This process's resident set in MiB (Linux /proc), else None."""
+def rss_mib(pid: int | str = "self") -> float | None:
+    """A process's resident set in MiB (Linux /proc; this one by default), else None."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     except OSError:
