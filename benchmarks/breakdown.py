@@ -60,7 +60,7 @@ def metadata(rows, shape):
 def time_step(runner, rows, shape) -> float:
     """Median ms of the model executable alone (KV donated back each call)."""
     packed, md = metadata(rows, shape)
-    step = runner.model_for(shape)
+    step = runner.executables.model_for(shape)
 
     def call():
         logits, _, runner.kv = step(

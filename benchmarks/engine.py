@@ -128,7 +128,7 @@ def measure_tgix(args) -> dict:
     start = time.perf_counter()
     llm = LLM(limits=limits, options=EngineOptions(progress=False))
     construct = time.perf_counter() - start
-    out = {"construct_s": construct, "compile_s": llm.engine.runner.compile_seconds}
+    out = {"construct_s": construct, "compile_s": llm.engine.runner.executables.compile_seconds}
     out["limits"] = str(llm.engine.limits)
     print(f"tgix LLM() in this process: {construct:.1f} s (compile_all {out['compile_s']:.1f} s)")
     try:

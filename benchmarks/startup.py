@@ -42,8 +42,8 @@ def main() -> None:
     result = {
         "import_s": imported - start,
         "construct_s": ready - imported,
-        "compile_s": runner.compile_seconds,
-        "executables": runner.num_executables,
+        "compile_s": runner.executables.compile_seconds,
+        "executables": len(runner.executables),
         "ready_s": healthy_at - launched,
         "healthy": llm.engine.healthy(),
         "max_batch_total_tokens": llm.engine.limits.max_batch_total_tokens,

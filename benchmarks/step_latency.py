@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     runner, pages_per_row = build_runner(
         loaded, max(args.batch_size), args.sequence_length, args.decode_length
     )
-    compile_s = runner.compile_all(progress=sys.stderr.isatty())
+    compile_s = runner.executables.compile_all(progress=sys.stderr.isatty())
     results = []
     for batch in args.batch_size:
         results.append(measure(runner, prompt, batch, args, pages_per_row))

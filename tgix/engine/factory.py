@@ -153,9 +153,9 @@ def create_engine(
         runner.broadcast = channel.publish
     if options.compile:
         start = time.perf_counter()
-        runner.compile_all(progress=options.progress)
+        runner.executables.compile_all(progress=options.progress)
         logger.info(
-            "compiled %d executables in %.1fs", runner.num_executables, time.perf_counter() - start
+            "compiled %d executables in %.1fs", len(runner.executables), time.perf_counter() - start
         )
     scheduler = Scheduler(
         SchedulerConfig(

@@ -24,8 +24,8 @@ def follow(loaded: LoadedModel, channel, *, progress: bool = False) -> int:
     if kind != "config" or not isinstance(config, RunnerConfig):
         raise RuntimeError(f"expected the runner config first, got {kind!r}")
     runner = Runner(loaded, config)
-    runner.compile_all(progress=progress)
-    logger.info("follower ready: %d executables", runner.num_executables)
+    runner.executables.compile_all(progress=progress)
+    logger.info("follower ready: %d executables", len(runner.executables))
     last = None
     steps = 0
     while True:

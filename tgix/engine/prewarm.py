@@ -121,7 +121,7 @@ def _sampler(runner, key: tuple[int, int]) -> None:
     rows, history = key
     logits = np.zeros((rows, runner.cfg.vocab_size), np.float32)
     for params in ([], [EVERY_STAGE] * rows):
-        out = runner.sampler_for(rows, history)(
+        out = runner.executables.sampler_for(rows, history)(
             logits,
             SamplingArrays(**pack_sampling(params, rows)),
             np.zeros(rows, np.int32),
@@ -134,7 +134,7 @@ def _mask(runner, rows: int) -> None:
     words = -(-runner.cfg.vocab_size // 32)
     logits = np.zeros((rows, runner.cfg.vocab_size), np.float32)
     allowed = np.full((rows, words), 0xFFFFFFFF, np.uint32)
-    runner.mask_for(rows)(logits, allowed).block_until_ready()
+    runner.executables.mask_for(rows)(logits, allowed).block_until_ready()
 
 
 _RUNS = {"model": _model, "sampler": _sampler, "mask": _mask}

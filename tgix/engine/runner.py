@@ -108,29 +108,6 @@ class Runner:
         """The model's attention backend (its `pack` lays out every step)."""
         return nnx.merge(self._graphdef, self._state).attention
 
-    # -- compilation (executables.py) ------------------------------------------------------------
-
-    def compile_all(self, progress: bool = True) -> float:
-        """Compile every shape the buckets allow (a progress bar on stderr); returns seconds."""
-        return self.executables.compile_all(progress)
-
-    @property
-    def compile_seconds(self) -> float:
-        return self.executables.compile_seconds
-
-    @property
-    def num_executables(self) -> int:
-        return len(self.executables)
-
-    def model_for(self, shape: StepShape):
-        return self.executables.model_for(shape)
-
-    def sampler_for(self, rows: int, history: int):
-        return self.executables.sampler_for(rows, history)
-
-    def mask_for(self, rows: int):
-        return self.executables.mask_for(rows)
-
     # -- serving ---------------------------------------------------------------------------------
 
     def run(
@@ -188,9 +165,9 @@ class Runner:
         self.dispatched_at = time.monotonic()
         logits, prompt = self.call_model(shape, token_ids, md, logits_indices)
         if masks is not None:
-            logits = self.mask_for(shape.num_rows)(logits, masks)
+            logits = self.executables.mask_for(shape.num_rows)(logits, masks)
             self.ran.add(("mask", shape.num_rows))
-        sampled = self.sampler_for(shape.num_rows, host.history_len)(
+        sampled = self.executables.sampler_for(shape.num_rows, host.history_len)(
             logits, SamplingArrays(**sampling), positions, history
         )
         self.ran.add(("sampler", (shape.num_rows, host.history_len)))
@@ -200,7 +177,7 @@ class Runner:
         """The model step alone (KV pages donated and replaced): logits [R, V] and the prompt
         scores (logprobs [T], top ids [T, N], top logprobs [T, N]) or None, device arrays."""
         self.ran.add(("model", shape))
-        logits, prompt, self.kv = self.model_for(shape)(
+        logits, prompt, self.kv = self.executables.model_for(shape)(
             self._params, token_ids, self.kv, AttentionMetadata(**metadata), logits_indices
         )
         return logits, prompt
