@@ -68,18 +68,18 @@ class Prewarmer:
         """Run the next executable not yet run (by serving or by an earlier call); False when
         nothing is left."""
         while self._todo:
-            item = self._todo.pop()
-            if item not in self.runner.ran:
-                start = time.perf_counter()
-                _RUNS[item[0]](self.runner, item[1])
-                self.runner.ran.add(item)
-                self._ran, self._seconds = (
-                    self._ran + 1,
-                    self._seconds + time.perf_counter() - start,
-                )
-                if not self._todo:
-                    logger.info("prewarmed %d executables in %.1f s", self._ran, self._seconds)
-                return True
+            item = self._todo[-1]  # popped once it ran: `done` (read by other threads) is
+            if item in self.runner.ran:  # then never true while the last one is running
+                self._todo.pop()
+                continue
+            start = time.perf_counter()
+            _RUNS[item[0]](self.runner, item[1])
+            self.runner.ran.add(item)
+            self._todo.pop()
+            self._ran, self._seconds = self._ran + 1, self._seconds + time.perf_counter() - start
+            if not self._todo:
+                logger.info("prewarmed %d executables in %.1f s", self._ran, self._seconds)
+            return True
         return False
 
 
