@@ -59,3 +59,30 @@ def test_prompt_steps_pad_by_less_than_half():
     assert b.prefill_tokens[:6] == (16, 32, 48, 64, 96, 128)
     for n in range(33, 4097):
         assert n <= b.shape_for(rows([n])).num_tokens < 1.5 * n
+
+
+@pytest.mark.parametrize("batch", [8, 10, 64])
+def test_mixed_shapes_never_coincide_with_decode_shapes(batch):
+    """A mixed shape has fewer rows than tokens (T / 2), so the backend, which runs the
+    per-token decode path when T = R, gives prompt rows the mixed path: a 64-token step
+    past a cached prefix in the 64-row decode shape read its history once per token."""
+    b = Buckets.build(
+        max_batch_prefill_tokens=512,
+        max_batch_size=batch,
+        max_total_tokens=1024,
+        page_size=16,
+        prefix_caching=True,
+    )
+    shapes = set(b.model_shapes())
+    mixed = [s for s in shapes if not s.fresh and s.num_tokens != s.num_rows]
+    decode = [s for s in shapes if not s.fresh and s.num_tokens == s.num_rows]
+    assert len(mixed) == len(b.mixed_tokens) and len(decode) == len(b.decode_rows)
+    assert all(s.num_rows <= batch for s in mixed)
+    assert {s.num_rows for s in mixed} <= {*b.decode_rows, batch}  # no new sampler shapes
+    turn = b.shape_for(rows([34], start=1008))
+    assert turn in shapes and turn.num_tokens == 64 and turn.num_rows == min(batch, 32)
+    for n_rows in range(1, batch + 1):  # decode rows beside one prompt chunk
+        for chunk in (2, 40, 300):
+            step = b.shape_for([*rows([1] * (n_rows - 1), start=5), *rows([chunk], start=9)])
+            assert step in shapes and step.num_rows >= n_rows
+            assert step.num_tokens >= n_rows - 1 + chunk and step.num_tokens > step.num_rows
