@@ -11,9 +11,9 @@ softmax carry:
              gathers each token's pages, in sub-blocks (4, 8 or 16 tokens, by the run's
              length) that loop only as far as their own longest history: each row's pages
              are read once, as they must be
-  per row    every later token: a query block reads the history pages of each of its rows
-             once, for that row's tokens in the block, scored in the smallest query window
-             (8, 32 or the block) that holds them
+  per row    every later token: each row's history pages are read once per window of its
+             tokens (16, 64 or 256 queries, the smallest that holds them; a longer row
+             loops over 256-token windows), whatever query blocks the row spans
   own        the step's own K/V, causal within the row (prefill_attention's block loop)
 
 Every (token, earlier position) pair is seen by exactly one pass whatever the row order, so
@@ -38,7 +38,7 @@ from tgix.attention.xla import (
 )
 
 SUB_BLOCKS = (4, 8, 16)  # tokens of the per-token pass that share one loop bound
-WINDOWS = (8, 32)  # query windows of the per-row pass (and the block itself), smallest first
+WINDOWS = (16, 64, 256)  # query windows of the per-row pass, smallest first
 
 
 def switch_by_size(sizes, n, branch, *operands):
@@ -81,29 +81,24 @@ def mixed_attention(
         [(0, 0), (0, 0), (0, padded - head)] + [(0, 0)] * (x.ndim - 3),
         constant_values=fill,
     )
-    head_carry = (to_blocks(m, MASKED), to_blocks(denom, 0.0), to_blocks(acc, 0.0))
-
-    def run(block):
-        block = min(block, t)
-
-        def block_init(qb, start, q_blk, q_rows, q_pos):
-            carry = tuple(jax.lax.dynamic_slice_in_dim(x, start, block, 2) for x in head_carry)
-            first = jnp.maximum(start, lead)  # this block's tokens for the per-row pass
-            stop = jnp.minimum(start + block, real)
-            row_lo = md.token_rows[jnp.minimum(first, t - 1)]
-            row_hi = jnp.where(first < stop, md.token_rows[jnp.maximum(stop - 1, 0)] + 1, row_lo)
-
-            def row_pass(r, carry):  # row r's tokens are block offsets [lo, hi)
-                lo = jnp.maximum(md.cu_q_lens[r], first) - start
-                hi = jnp.minimum(md.cu_q_lens[r + 1], stop) - start
-                return pages.per_row(carry, r, history[r], q_blk, q_pos, lo, hi)
-
-            return jax.lax.fori_loop(row_lo, row_hi, row_pass, carry)
-
-        return causal_blocks(
-            q, k_new, v_new, md, block_init, sliding_window=sliding_window, block=block
+    carry = (to_blocks(m, MASKED), to_blocks(denom, 0.0), to_blocks(acc, 0.0))
+    k = k_pages.shape[2]
+    q_heads = (
+        jnp.pad(  # [K, G, T', H] scaled, as causal_blocks scales its blocks
+            jnp.moveaxis(q.reshape(t, k, -1, q.shape[2]).astype(jnp.float32), 0, 2),
+            [(0, 0), (0, 0), (0, padded - t), (0, 0)],
         )
+        * q.shape[2] ** -0.5
+    )
+    positions = jnp.pad(md.positions, (0, padded - t))
+    carry = pages.per_row(carry, q_heads, positions, md, history, lead, real)
 
+    def block_init(qb, start, q_blk, q_rows, q_pos):
+        return tuple(jax.lax.dynamic_slice_in_dim(x, start, q_blk.shape[2], 2) for x in carry)
+
+    run = lambda b: causal_blocks(
+        q, k_new, v_new, md, block_init, sliding_window=sliding_window, block=min(b, t)
+    )
     return run(block) if block else by_longest_row(md, t, run)
 
 
@@ -172,18 +167,35 @@ class _Pages:
         out = jax.lax.fori_loop(0, num_sub, sub_block, _softmax_init((head_pad, k, g), h))
         return tuple(x[:head] for x in out)
 
-    def per_row(self, carry, row, hist, q_blk, q_pos, lo, hi):
-        """Fold row `row`'s history (hist positions) into a query block's carry for the
-        block's tokens [lo, hi) (q_blk [K, G, Q, H] scaled, carry [K, G, Q(, H)]). The
-        tokens go through one window of the smallest of WINDOWS that holds them, so a row
-        of 8 new tokens in a 32-token block scores 8 queries per history position, not 32;
-        each page chunk is read once for the window."""
-        q = q_blk.shape[2]
-        sizes = [w for w in WINDOWS if w < q] + [q]
-        return switch_by_size(sizes, hi - lo, self._window, carry, row, hist, q_blk, q_pos, lo, hi)
+    def per_row(self, carry, q_heads, positions, md: AttentionMetadata, history, lead, real):
+        """Fold each later row's history into the carry of its tokens [lead, real): q_heads
+        [K, G, T', H] scaled, positions [T'], carry [K, G, T'(, H)]. Per row, its tokens go
+        through windows of at most WINDOWS[-1] queries, each the smallest of WINDOWS that
+        holds them, and each window reads the row's pages once: 8 rows of 40 new tokens past
+        1,100 cached ones read 8 x 1,100 positions, where one pass per 32-token query block
+        read them for every block a row touched."""
+        t = md.token_rows.shape[0]
+        sizes = sorted({min(w, q_heads.shape[2]) for w in WINDOWS})
+        first_row = md.token_rows[jnp.minimum(lead, t - 1)]
+        end_row = jnp.where(lead < real, md.token_rows[jnp.maximum(real - 1, 0)] + 1, first_row)
+
+        def row_pass(r, carry):
+            lo, hi = jnp.maximum(md.cu_q_lens[r], lead), md.cu_q_lens[r + 1]
+
+            def window(j, carry):  # tokens [lo + j * W, ...) of the row, W the largest size
+                at = lo + j * sizes[-1]
+                stop = jnp.minimum(hi, at + sizes[-1])
+                args = (carry, r, history[r], q_heads, positions, at, stop)
+                return switch_by_size(sizes, stop - at, self._window, *args)
+
+            count = (hi - lo + sizes[-1] - 1) // sizes[-1]
+            return jax.lax.fori_loop(0, count, window, carry)
+
+        return jax.lax.fori_loop(first_row, end_row, row_pass, carry)
 
     def _window(self, w, carry, row, hist, q_blk, q_pos, lo, hi):
-        """per_row for spans of at most w tokens: queries [at, at + w), at <= lo."""
+        """Row `row`'s history for the queries [lo, hi) (hi - lo <= w) of q_blk [K, G, Q, H],
+        computed on the w queries [at, at + w), at <= lo."""
         k, h = self.k_pages.shape[2], self.k_pages.shape[3]
         at = jnp.minimum(lo, q_blk.shape[2] - w)
         q_w = jax.lax.dynamic_slice_in_dim(q_blk, at, w, 2)  # [K, G, W, H]
