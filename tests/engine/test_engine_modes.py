@@ -129,7 +129,9 @@ import json, sys
 sys.path.insert(0, {root!r})
 from tests.engine.conftest import make_engine
 from tgix.engine.request import GenerationRequest
-eng = make_engine({path!r}, {cache!r})
+# the fewest shapes that still serve a prompt and its decode (each is compiled cold once)
+eng = make_engine({path!r}, {cache!r}, prefix_caching=False, max_batch_size=2,
+                  max_total_tokens=32, max_batch_prefill_tokens=32)
 *_, c = eng.submit(GenerationRequest(prompt_ids=(5, 9, 12, 40), max_new_tokens=12))
 ex = eng.runner.executables.cache
 print(json.dumps({{"ids": [t.id for t in c.tokens], "hits": ex.hits, "misses": ex.misses}}))
