@@ -91,6 +91,20 @@ def by_longest_row(md: AttentionMetadata, t: int, run):
     return jax.lax.cond(longest <= SHORT_ROW, lambda: run(small), lambda: run(large))
 
 
+def heads_first(x: jax.Array, shape: tuple[int, ...], pad: int) -> jax.Array:
+    """[T, ...] -> float32 [*shape[:-1], T + pad, shape[-1]]: the token axis padded and moved
+    next to the head dim, the KV head leading (batched matmuls)."""
+    x = x.astype(jnp.float32).reshape(x.shape[0], *shape)
+    x = jnp.pad(x, [(0, pad)] + [(0, 0)] * len(shape))
+    return jnp.moveaxis(x, 0, -2)
+
+
+def scaled_query_heads(q: jax.Array, num_kv_heads: int, pad: int) -> jax.Array:
+    """q [T, N, H] -> [K, G, T + pad, H] scaled by H^-0.5, as every attention pass scores it."""
+    t, n, h = q.shape
+    return heads_first(q, (num_kv_heads, n // num_kv_heads, h), pad) * h**-0.5
+
+
 def causal_blocks(q, k_new, v_new, md: AttentionMetadata, block_init, *, sliding_window, block):
     """prefill_attention's loop, starting each query block from `block_init(qb, start, q_blk
     [K, G, Q, H] (scaled), q_rows [Q], q_pos [Q])`: a softmax carry ([K, G, Q] max and
@@ -101,14 +115,8 @@ def causal_blocks(q, k_new, v_new, md: AttentionMetadata, block_init, *, sliding
     num_blocks = -(-t // block)
     pad = num_blocks * block - t
     k = k_new.shape[1]
-    g = n // k
-
-    def heads_first(x, shape):  # [T, ...] -> padded, KV head leading (batched matmuls)
-        x = jnp.pad(x.astype(jnp.float32).reshape(t, *shape), [(0, pad)] + [(0, 0)] * len(shape))
-        return jnp.moveaxis(x, 0, -2)
-
-    q_heads = heads_first(q, (k, g, h)) * h**-0.5  # [K, G, T', H]
-    k_heads, v_heads = heads_first(k_new, (k, h)), heads_first(v_new, (k, h))  # [K, T', H]
+    q_heads = scaled_query_heads(q, k, pad)  # [K, G, T', H]
+    k_heads, v_heads = heads_first(k_new, (k, h), pad), heads_first(v_new, (k, h), pad)
     rows = jnp.pad(md.token_rows, (0, pad))
     pos = jnp.pad(md.positions, (0, pad))
     real = jnp.arange(t + pad, dtype=jnp.int32) < md.cu_q_lens[-1]  # [T']

@@ -34,6 +34,7 @@ from tgix.attention.xla import (
     block_sizes,
     by_longest_row,
     causal_blocks,
+    scaled_query_heads,
     token_pages,
 )
 
@@ -82,14 +83,7 @@ def mixed_attention(
         constant_values=fill,
     )
     carry = (to_blocks(m, MASKED), to_blocks(denom, 0.0), to_blocks(acc, 0.0))
-    k = k_pages.shape[2]
-    q_heads = (
-        jnp.pad(  # [K, G, T', H] scaled, as causal_blocks scales its blocks
-            jnp.moveaxis(q.reshape(t, k, -1, q.shape[2]).astype(jnp.float32), 0, 2),
-            [(0, 0), (0, 0), (0, padded - t), (0, 0)],
-        )
-        * q.shape[2] ** -0.5
-    )
+    q_heads = scaled_query_heads(q, k_pages.shape[2], padded - t)  # [K, G, T', H]
     positions = jnp.pad(md.positions, (0, padded - t))
     carry = pages.per_row(carry, q_heads, positions, md, history, lead, real)
 

@@ -47,6 +47,14 @@ def bucket_for(value: int, buckets: Sequence[int]) -> int:
     raise ValueError(f"{value} exceeds the largest bucket {buckets[-1]}")
 
 
+def _smallest(tokens: Sequence[int], rows_of, num_tokens: int, num_rows: int, kind: str) -> int:
+    """The smallest T of `tokens` that holds num_tokens tokens in rows_of(T) >= num_rows rows."""
+    for t in tokens:
+        if t >= num_tokens and rows_of(t) >= num_rows:
+            return t
+    raise ValueError(f"no {kind} bucket for {num_tokens} tokens in {num_rows} rows")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepShape:
     """One compiled model step: `fresh` (prefill-only) or paged, padded to these sizes.
@@ -146,21 +154,14 @@ class Buckets:
     def shape_for(self, rows: Sequence, *, all_logits: bool = False) -> StepShape:
         """The smallest compiled shape holding these rows (objects with token_ids, start_pos)."""
         num_tokens = sum(len(r.token_ids) for r in rows)
+        logits = all_logits and self.prompt_logprobs
         if all(r.start_pos == 0 for r in rows):
-            for t in self.prefill_tokens:
-                if t >= num_tokens and self.rows_for(t) >= len(rows):
-                    logits = all_logits and self.prompt_logprobs
-                    return StepShape(True, t, self.rows_for(t), 0, all_logits=logits)
-            raise ValueError(f"no fresh bucket for {num_tokens} tokens in {len(rows)} rows")
+            t = _smallest(self.prefill_tokens, self.rows_for, num_tokens, len(rows), "fresh")
+            return StepShape(True, t, self.rows_for(t), 0, all_logits=logits)
         if num_tokens == len(rows):  # every row feeds one token: a decode step
             r = bucket_for(len(rows), self.decode_rows)
             return StepShape(False, r, r, self.pages_per_row)
         if not self.mixed_tokens:
             raise ValueError("a step with prompt rows past position 0 needs the mixed shapes")
-        for t in self.mixed_tokens:
-            if t >= num_tokens and self.mixed_rows(t) >= len(rows):
-                logits = all_logits and self.prompt_logprobs
-                return StepShape(
-                    False, t, self.mixed_rows(t), self.pages_per_row, all_logits=logits
-                )
-        raise ValueError(f"{num_tokens} tokens exceed the largest mixed bucket {t}")
+        t = _smallest(self.mixed_tokens, self.mixed_rows, num_tokens, len(rows), "mixed")
+        return StepShape(False, t, self.mixed_rows(t), self.pages_per_row, all_logits=logits)

@@ -68,8 +68,10 @@ class Prewarmer:
         """Run the next executable not yet run (by serving or by an earlier call); False when
         nothing is left."""
         while self._todo:
-            item = self._todo[-1]  # popped once it ran: `done` (read by other threads) is
-            if item in self.runner.ran:  # then never true while the last one is running
+            # popped only once it ran, so `done` (read by other threads) is never true
+            # while the last warm-up is still running
+            item = self._todo[-1]
+            if item in self.runner.ran:
                 self._todo.pop()
                 continue
             start = time.perf_counter()
