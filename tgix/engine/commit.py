@@ -50,13 +50,16 @@ def commit_token(
     the error that ends the request. Returns (events, reason)."""
     if not math.isfinite(choice.logprob) and choice.logprob != -math.inf:
         return [], GenerationError("non-finite logits", "generation")
-    if not seq.advance_grammar(choice.token_id):
-        return [], GenerationError("sampled a token the grammar forbids", "generation")
+    if seq.grammar_failure is not None or not seq.advance_grammar(choice.token_id):
+        reason = seq.grammar_failure or "sampled a token the grammar forbids"
+        return [], GenerationError(f"grammar: {reason}", "generation")
     top = choice.top[: seq.request.top_n_tokens]
     events, reason = seq.output.add(choice.token_id, choice.logprob, top, at_length=at_length)
     items: list = list(events)
     if reason is None and fast_forward and seq.request.grammar is not None:
         reason = _append_forced_tokens(seq, items)
+        if seq.grammar_failure is not None:
+            return items, GenerationError(f"grammar: {seq.grammar_failure}", "generation")
     return items, reason
 
 
@@ -68,7 +71,11 @@ def _append_forced_tokens(seq: RequestState, items: list) -> str | None:
     room = seq.max_new_tokens - len(seq.output_ids) - 1
     reason = None
     while room > 0 and reason is None:
-        forced = seq.request.grammar.forced_token(seq.grammar_state)
+        try:
+            forced = seq.request.grammar.forced_token(seq.grammar_state)
+        except ValueError as exc:  # GrammarError: a lazy grammar's budget (see token_mask)
+            seq.grammar_failure = str(exc)
+            break
         if forced is None:
             break
         seq.output_ids.append(forced)

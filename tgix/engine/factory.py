@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -229,6 +230,7 @@ def _grammar_compiler(tokenizer, logit_width: int, options: EngineOptions):
             size=logit_width,
             options=GrammarOptions(strict=options.grammar_strict),
             workers=options.grammar_workers,
+            lazy=os.environ.get("TGIX_GRAMMAR_LAZY", "1") != "0",
             cache_dir=cache_root() / "grammars" if options.compilation_cache != "" else None,
         )
     except Exception:  # grammars off, everything else still serves

@@ -65,6 +65,7 @@ class RequestState:
     submitted: float = dataclasses.field(default_factory=time.monotonic)
     started: float | None = None  # first scheduled
     grammar_state: int | frozenset = 0  # of request.grammar after the generated tokens
+    grammar_failure: str | None = None  # a lazily built grammar ran past its budget
 
     @property
     def total_len(self) -> int:
@@ -74,9 +75,17 @@ class RequestState:
         return self.prompt_ids + self.output_ids
 
     def token_mask(self):
-        """The grammar's allowed-token words for the next token, or None."""
+        """The grammar's allowed-token words for the next token, or None. A lazily built
+        grammar that cannot build this state's mask within its budget (tgix.grammar.lazy_index)
+        fails this request alone: the row samples unmasked, and its commit ends it."""
         grammar = None if self.request is None else self.request.grammar
-        return None if grammar is None else grammar.mask(self.grammar_state)
+        if grammar is None or self.grammar_failure is not None:
+            return None
+        try:
+            return grammar.mask(self.grammar_state)
+        except ValueError as exc:  # GrammarError
+            self.grammar_failure = str(exc)
+            return None
 
     def advance_grammar(self, token_id: int) -> bool:
         """Move the grammar past a generated token; False if the grammar forbids it."""
@@ -85,7 +94,8 @@ class RequestState:
             return True
         try:
             self.grammar_state = grammar.advance(self.grammar_state, token_id)
-        except ValueError:  # GrammarError: the masked sampler should make this impossible
+        except ValueError as exc:  # GrammarError: a budget, or a token the mask refused
+            self.grammar_failure = self.grammar_failure or str(exc)
             return False
         return True
 

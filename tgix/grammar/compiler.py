@@ -7,6 +7,12 @@ $TGIX_CACHE/grammars), keyed by the spec, the options and the vocabulary's conte
 Concurrent requests for the same grammar share one compile. `workers=0` compiles inline in
 the caller's thread (tests, benchmarks).
 
+Lazy (`lazy=True`, the engine's choice): a grammar not in a cache is built lazily
+(tgix.grammar.lazy_index) in one thread of this process, usable once its start state's mask
+is ready; masks of later states are built when generation reaches them. The eager compile
+still runs in the worker processes, and when it succeeds its index (and the disk cache entry)
+takes over for later requests; requests already running keep the lazy one.
+
 Two lanes of `workers` processes each: specs up to SMALL_SPEC_CHARS (a regex, a short schema)
 and larger ones, so a burst of expensive grammars (six 10,000-value enums took 39 s) never
 queues a one-line regex behind it. Each lane holds at most QUEUE_LIMIT compiles, queued or
@@ -24,7 +30,7 @@ import os
 import signal
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -33,7 +39,7 @@ import numpy as np
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.index import TokenIndex
 from tgix.grammar.options import GrammarOptions
-from tgix.grammar.pipeline import CompiledArrays, compile_arrays
+from tgix.grammar.pipeline import CompiledArrays, compile_arrays, compile_lazy
 from tgix.grammar.spec import GrammarSpec
 from tgix.grammar.token_trie import Trie, build_byte_trie
 from tgix.grammar.vocabulary import TokenVocabulary
@@ -57,8 +63,9 @@ class GrammarCompiler:
         workers: int = 1,
         cache_dir: str | os.PathLike | None = None,
         memory_items: int = 64,
+        lazy: bool = False,
     ):
-        self.vocab, self.workers = vocab, workers
+        self.vocab, self.workers, self.lazy = vocab, workers, lazy
         self.options = options or GrammarOptions()
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._digest = vocab.digest()
@@ -69,6 +76,7 @@ class GrammarCompiler:
         self._pools: dict[str, ProcessPoolExecutor | None] = {"small": None, "large": None}
         self._queued = {"small": 0, "large": 0}
         self._trie: Trie | None = None
+        self._lazy_pool: ThreadPoolExecutor | None = None
 
     @classmethod
     def for_tokenizer(
@@ -101,6 +109,8 @@ class GrammarCompiler:
         cached = self._load(key)
         if cached is not None:
             self._finish(key, result, cached)
+        elif self.lazy:
+            self._submit_lazy(spec, key, result)
         elif self.workers == 0:
             try:
                 arrays = compile_arrays(spec, self.vocab, self._byte_trie(), self.options)
@@ -118,10 +128,15 @@ class GrammarCompiler:
         return await asyncio.wrap_future(self.submit(spec))
 
     def warm_up(self) -> None:
-        """Start the workers (and their trie) now rather than on the first request."""
+        """Start the workers (and their trie) now rather than on the first request; lazily,
+        also build this process's trie and the container automaton of unconstrained values."""
         self.compile(GrammarSpec.regex("[0-9]"))
+        if self.lazy:
+            self.compile(GrammarSpec.json({"type": "object"}))
 
     def close(self) -> None:
+        if self._lazy_pool is not None:
+            self._lazy_pool.shutdown(wait=False, cancel_futures=True)
         for lane, pool in self._pools.items():
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
@@ -134,10 +149,44 @@ class GrammarCompiler:
             self._trie = build_byte_trie(self.vocab.token_bytes)
         return self._trie
 
-    def _submit_to_pool(self, spec: GrammarSpec, key: str, result: Future) -> None:
+    def _submit_lazy(self, spec: GrammarSpec, key: str, result: Future) -> None:
+        def build() -> None:
+            try:
+                index = compile_lazy(spec, self.vocab, self._byte_trie(), self.options)
+            except BaseException as exc:  # delivered through the future
+                self._fail(key, result, exc)
+                return
+            self._remember(key, index)
+            result.set_result(index)
+            if self.workers > 0:  # the eager compile takes over when it finishes
+                self._submit_to_pool(spec, key, Future(), quiet=True)
+
+        if self.workers == 0:
+            build()
+            return
+        with self._lock:
+            if self._lazy_pool is None:
+                self._lazy_pool = ThreadPoolExecutor(1, thread_name_prefix="tgix-grammar")
+        self._lazy_pool.submit(build)
+
+    def _remember(self, key: str, index) -> None:
+        with self._lock:
+            self._lru[key] = index
+            self._lru.move_to_end(key)
+            while len(self._lru) > self._memory_items:
+                self._lru.popitem(last=False)
+            self._pending.pop(key, None)
+
+    def _submit_to_pool(
+        self, spec: GrammarSpec, key: str, result: Future, *, quiet: bool = False
+    ) -> None:
+        """quiet: a background eager compile behind a lazy index (a failure or a full queue
+        only means the lazy index stays)."""
         lane = "small" if len(spec.value) <= SMALL_SPEC_CHARS else "large"
         with self._lock:
             if self._queued[lane] >= QUEUE_LIMIT:
+                if quiet:
+                    return
                 busy = GrammarBusy(f"grammar compiler busy ({QUEUE_LIMIT} compiles queued)")
                 self._pending.pop(key, None)
                 result.set_exception(busy)
@@ -159,6 +208,8 @@ class GrammarCompiler:
             if exc is None:
                 self._finish(key, result, f.result())
                 return
+            if quiet:
+                return
             if isinstance(exc, BrokenProcessPool):
                 with self._lock:
                     if self._pools[lane] is pool:
@@ -172,16 +223,14 @@ class GrammarCompiler:
             with self._lock:
                 self._queued[lane] -= 1
                 self._pools[lane] = None
+            if quiet:
+                return
             self._fail(key, result, GrammarError("grammar compiler is restarting, retry"))
 
     def _finish(self, key: str, result: Future, arrays: CompiledArrays) -> None:
         index = arrays.attach(self.vocab)
         self._save(key, arrays)
-        with self._lock:
-            self._lru[key] = index
-            while len(self._lru) > self._memory_items:
-                self._lru.popitem(last=False)
-            self._pending.pop(key, None)
+        self._remember(key, index)
         result.set_result(index)
 
     def _fail(self, key: str, result: Future, exc: BaseException) -> None:

@@ -16,9 +16,18 @@ from tgix.grammar import regex_tree as rt
 from tgix.grammar.automaton import ByteDFA, build_dfa
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.index import TokenIndex, build_index
+from tgix.grammar.lazy_dfa import LazyDFA
+from tgix.grammar.lazy_index import LazyPushdownIndex, LazyTokenIndex, single_bytes
 from tgix.grammar.nfa import check_deadline
 from tgix.grammar.options import GrammarOptions
-from tgix.grammar.pushdown import Nesting, PushdownIndex, combine, has_nesting, trapped_dfa
+from tgix.grammar.pushdown import (
+    Nesting,
+    PushdownIndex,
+    combine,
+    container_dfa,
+    has_nesting,
+    trapped_dfa,
+)
 from tgix.grammar.spec import GrammarSpec
 from tgix.grammar.token_trie import Trie
 from tgix.grammar.vocabulary import TokenVocabulary
@@ -116,3 +125,28 @@ def compile_arrays(
     return CompiledArrays(
         dfa.table, dfa.accepting, index.row_of, index.masks, stats, nesting.pack(), packed
     )
+
+
+MASK_BUDGET_S = 2.0  # the most one lazily built mask may take (the engine thread waits on it)
+
+
+def compile_lazy(
+    spec: GrammarSpec, vocab: TokenVocabulary, trie: Trie, options: GrammarOptions
+) -> LazyTokenIndex | LazyPushdownIndex | TokenIndex | PushdownIndex:
+    """A grammar usable as soon as its start state is: the tree and its NFA are built, then
+    the start state's mask; every other state's row and mask when generation reaches it
+    (tgix.grammar.lazy_dfa, lazy_index)."""
+    t0 = time.monotonic()
+    tree, notes = to_tree(spec, options)
+    t1 = time.monotonic()
+    deadline = t0 + options.timeout_s
+    container = lambda: container_dfa(options)
+    dfa = LazyDFA(tree, options.max_states, deadline, container, single_bytes(vocab))
+    t2 = time.monotonic()
+    stats = {"lazy": True, "tree_s": t1 - t0, "nfa_s": t2 - t1, "notes": notes}
+    base = LazyTokenIndex(dfa, vocab, trie, min(options.timeout_s, MASK_BUDGET_S), stats)
+    index = LazyPushdownIndex(base) if dfa.nested else base
+    if not index.mask(index.start).any():
+        raise GrammarError("this model's vocabulary cannot produce any string of the grammar")
+    stats["first_mask_s"] = time.monotonic() - t0
+    return index

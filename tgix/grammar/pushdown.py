@@ -73,14 +73,14 @@ def has_nesting(dfa: ByteDFA) -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def _container_dfa(options: GrammarOptions) -> ByteDFA:
+def container_dfa(options: GrammarOptions) -> ByteDFA:
     """G for this layout: the same for every schema, so built once per options."""
     return build_dfa(container_tree(options), options.max_states)
 
 
 def combine(outer: ByteDFA, options: GrammarOptions) -> tuple[ByteDFA, Nesting]:
     """One table for the schema automaton and G; NESTED edges become `calls`."""
-    container = _container_dfa(options)
+    container = container_dfa(options)
     s = outer.num_states
     inner = np.where(container.table != DEAD, container.table + s, DEAD)
     table = np.vstack([outer.table, inner]).astype(np.int32)
@@ -109,17 +109,25 @@ def trapped_dfa(real: ByteDFA, nesting: Nesting) -> tuple[ByteDFA, int, tuple[in
 
 def walk(table: np.ndarray, nesting: Nesting, configs: frozenset, data: bytes) -> frozenset:
     """The configurations (state, stack) after `data` from `configs` (empty: no fit)."""
-    calls, start, final = nesting.calls, nesting.g_start, nesting.g_final
+    calls = nesting.calls
+    return walk_steps(lambda q, b: int(table[q, b]), calls.__getitem__, nesting, configs, data)
+
+
+def walk_steps(step, call, nesting, configs: frozenset, data: bytes) -> frozenset:
+    """`walk` over any automaton: step(q, byte) -> state, then call(q) -> the state after a
+    nested container from q (DEAD: none); nesting: anything with g_start / g_final (a
+    Nesting, a lazy_dfa.LazyDFA)."""
+    start, final = nesting.g_start, nesting.g_final
     for b in data:
         out = set()
         for q, stack in configs:
-            n = int(table[q, b])
+            n = step(q, b)
             if n == final:
                 out.add((stack[-1], stack[:-1]))
             elif n != DEAD:
                 out.add((n, stack))
-            if (b == 0x7B or b == 0x5B) and calls[q] != DEAD and len(stack) < MAX_DEPTH:
-                out.add((int(table[start, b]), (*stack, int(calls[q]))))
+            if (b == 0x7B or b == 0x5B) and call(q) != DEAD and len(stack) < MAX_DEPTH:
+                out.add((step(start, b), (*stack, int(call(q)))))
         if len(out) > MAX_CONFIGS:
             raise GrammarError("grammar too ambiguous to track at run time")
         configs = frozenset(out)

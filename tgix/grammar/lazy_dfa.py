@@ -1,0 +1,311 @@
+"""A byte automaton determinised on demand: the rows generation reaches, nothing more.
+
+The eager pipeline (automaton.build_dfa) runs the subset construction over the whole NFA and
+minimises it before a request can start, which costs seconds on large schemas. Here the NFA is
+built as there (nfa.build: linear in the schema), and a DFA state, a set of NFA states, gets
+its row of 256 successors the first time a walk asks for it. States are numbered in discovery
+order (start 0); a row is the same function of its state set as in the eager construction, so
+both automata accept exactly the same bytes (they differ only in numbering and minimality).
+
+- `atomic` one-part intersections (json_common.atomic: a minimisation hint for the eager
+  build) are inlined; real intersections and differences (Both with two or more parts,
+  Minus) are still built eagerly by the product construction and embedded as NFA fragments.
+- NFA states that cannot reach the exit are left out of every set, so every state but DEAD
+  can still reach acceptance (the masks' liveness rule needs no search).
+- With nesting (tgix.grammar.pushdown), the NESTED byte's column moves to `calls` and the
+  container automaton G's states join the same numbering as ("g", state) keys.
+
+Budgets: `max_states` DFA states per grammar (every request on it shares them), and the
+deadline in `self.deadline`, which the caller sets before each batch of work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tgix.grammar import regex_tree as rt
+from tgix.grammar.automaton import DEAD, ByteDFA, _embed, _product
+from tgix.grammar.errors import GrammarError
+from tgix.grammar.json_any import NESTED
+from tgix.grammar.nfa import Nfa, build, check_deadline
+
+UNKNOWN = -2  # a row not computed yet
+
+
+class _Shared:
+    """What the automata of one grammar share: the deadline (set by the caller before each
+    batch of work), the state budget, the sub-automata by node, the eager products."""
+
+    def __init__(self, max_states: int, deadline: float, singles):
+        self.max_states, self.deadline, self.states = max_states, deadline, 0
+        self.singles = singles
+        self.machines: dict[rt.Node, LazyDFA | None] = {}
+        self.products: dict[rt.Node, ByteDFA] = {}
+
+
+class LazyDFA:
+    """table [capacity, 256] int32 (UNKNOWN rows not computed; read through `row`),
+    accepting [capacity] bool, token_live [capacity + 1] bool (index -1, DEAD: False),
+    calls [capacity] int32 (pushdown only: the state after a nested container, DEAD for
+    none). `start` is 0.
+
+    A set state holds NFA states (ints) and, for each `atomic` node the NFA calls, (entry, q)
+    pairs: the node's own LazyDFA (built once per node, shared by every place that uses it)
+    in its state q, resuming at the NFA state after that call when it accepts. This keeps the
+    NFA linear in the schema where copies of an object (`x (, x)*`, counted repeats) would
+    multiply it."""
+
+    start = 0
+
+    def __init__(
+        self,
+        node: rt.Node,
+        max_states: int,
+        deadline: float,
+        container=None,
+        singles=None,
+        shared: _Shared | None = None,
+    ):
+        """container: a zero-argument callable giving G (pushdown.container_dfa), called only
+        when the automaton reads NESTED (top level only). singles [256] bool: the bytes the
+        vocabulary has as one-byte tokens; `token_live[s]`: s reaches acceptance through
+        them alone (what a token mask may lead to)."""
+        self.shared = shared = shared or _Shared(max_states, deadline, singles)
+        nfa = Nfa(shared.max_states, shared.deadline)
+        self.calls_into: dict[int, tuple[LazyDFA, int]] = {}  # NFA entry -> (machine, exit)
+
+        def embed(nfa: Nfa, inner: rt.Node) -> tuple[int, int]:
+            if isinstance(inner, rt.Both) and len(inner.parts) == 1:
+                machine = self._machine(inner.parts[0])
+                entry, exit_ = nfa.new(), nfa.new()
+                if machine is not None:
+                    self.calls_into[entry] = (machine, exit_)
+                return entry, exit_
+            if inner not in shared.products:
+                shared.products[inner] = _product(inner, shared.max_states, shared.deadline)
+            return _embed(nfa, shared.products[inner])
+
+        entry, self.exit = build(nfa, node, embed)
+        self.eps, self.edges = nfa.eps, nfa.edges
+        calls = {u: (True, x) for u, (_, x) in self.calls_into.items()}
+        self.live = _coreachable(nfa.eps, nfa.edges, self.exit, calls)
+        calls = {u: (bool(m.token_live[0]), x) for u, (m, x) in self.calls_into.items()}
+        self.single_live = _coreachable(nfa.eps, nfa.edges, self.exit, calls, shared.singles)
+        self.reads_nested = _reads_nested(nfa.edges) or any(
+            m.reads_nested for m, _ in self.calls_into.values()
+        )
+        self.nested = container is not None and self.reads_nested
+        self.container: ByteDFA | None = container() if self.nested else None
+        self._closures: dict[int, frozenset] = {}
+        self._closed: dict[frozenset, frozenset] = {}
+        self.keys: list = []
+        self.ids: dict = {}
+        self.table = np.full((64, 256), UNKNOWN, dtype=np.int32)
+        self.accepting = np.zeros(64, dtype=bool)
+        self.token_live = np.zeros(65, dtype=bool)
+        self.calls = np.full(64, DEAD, dtype=np.int32)
+        if self._intern(self._closure(entry)) != 0:
+            raise GrammarError("the grammar matches no string at all")
+        if self.nested:
+            g_final = int(np.flatnonzero(self.container.accepting)[0])
+            self.g_start, self.g_final = self._intern(("g", 0)), self._intern(("g", g_final))
+
+    def _machine(self, node: rt.Node) -> LazyDFA | None:
+        """The shared automaton of an atomic node (None: its language is empty)."""
+        machines = self.shared.machines
+        if node not in machines:
+            try:
+                machines[node] = LazyDFA(node, 0, 0.0, shared=self.shared)
+            except GrammarError as exc:
+                if "matches no string" not in str(exc):
+                    raise
+                machines[node] = None
+        return machines[node]
+
+    @property
+    def deadline(self) -> float:
+        return self.shared.deadline
+
+    @deadline.setter
+    def deadline(self, value: float) -> None:
+        self.shared.deadline = value
+
+    @property
+    def num_states(self) -> int:
+        return len(self.keys)
+
+    def row(self, state: int) -> np.ndarray:
+        """[256] int32 successors of `state` (computed now if needed)."""
+        if self.table[state, 0] == UNKNOWN:
+            self._compute(state)
+        return self.table[state]
+
+    def ensure(self, states: np.ndarray) -> None:
+        """Compute the rows of `states` [n] that are still unknown."""
+        missing = states[self.table[states, 0] == UNKNOWN]
+        for s in np.unique(missing).tolist():
+            self._compute(s)
+
+    def step(self, state: int, byte: int) -> int:
+        nxt = int(self.table[state, byte])
+        return nxt if nxt != UNKNOWN else int(self.row(state)[byte])
+
+    def walk(self, data: bytes, state: int = 0) -> int:
+        for b in data:
+            if state == DEAD:
+                break
+            state = self.step(state, b)
+        return state
+
+    # -- construction -------------------------------------------------------------------
+
+    def _closure(self, u: int) -> frozenset:
+        """u's epsilon closure: NFA states that read a byte or are the exit, and live, and
+        (entry, start) for each call entered, through to its exit when the callee accepts
+        the empty string."""
+        found = self._closures.get(u)
+        if found is None:
+            seen, todo, keep = {u}, [u], set()
+            while todo:
+                t = todo.pop()
+                call = self.calls_into.get(t)
+                nxt = list(self.eps[t])
+                if call is not None and self.live(call[1]):
+                    keep.add((t, 0))
+                    if call[0].accepting[0]:
+                        nxt.append(call[1])
+                elif (self.edges[t] or t == self.exit) and self.live(t):
+                    keep.add(t)
+                for v in nxt:
+                    if v not in seen:
+                        seen.add(v)
+                        todo.append(v)
+            found = self._closures[u] = frozenset(keep)
+        return found
+
+    def _intern(self, key) -> int:
+        if not key:
+            return DEAD
+        found = self.ids.get(key)
+        if found is not None:
+            return found
+        n, shared = len(self.keys), self.shared
+        shared.states += 1
+        if shared.states > shared.max_states:
+            raise GrammarError(
+                f"grammar too large (more than {shared.max_states} automaton states)"
+            )
+        if shared.states % 64 == 0:
+            check_deadline(shared.deadline)
+        if n == len(self.accepting):
+            self._grow()
+        self.ids[key] = n
+        self.keys.append(key)
+        is_set = isinstance(key, frozenset)
+        self.accepting[n] = is_set and self.exit in key
+        self.token_live[n] = not is_set or any(self._token_live(e) for e in key)
+        return n
+
+    def _token_live(self, element) -> bool:
+        if isinstance(element, tuple):
+            machine, exit_ = self.calls_into[element[0]]
+            return bool(machine.token_live[element[1]]) and self.single_live(exit_)
+        return self.single_live(element)
+
+    def _grow(self) -> None:
+        size = 2 * len(self.accepting)
+        table = np.full((size, 256), UNKNOWN, dtype=np.int32)
+        table[: len(self.table)] = self.table
+        self.table = table
+        self.accepting = np.concatenate([self.accepting, np.zeros(size // 2, dtype=bool)])
+        live = np.zeros(size + 1, dtype=bool)
+        live[: size // 2] = self.token_live[: size // 2]
+        self.token_live = live
+        self.calls = np.concatenate([self.calls, np.full(size // 2, DEAD, dtype=np.int32)])
+
+    def _compute(self, state: int) -> None:
+        key = self.keys[state]
+        row = np.full(256, DEAD, dtype=np.int32)
+        if isinstance(key, tuple):  # a state of the container automaton G
+            g_row = self.container.table[key[1]]
+            for g in np.unique(g_row[g_row != DEAD]).tolist():
+                row[g_row == g] = self._intern(("g", g))
+        else:
+            spans = [e for u in key if isinstance(u, int) for e in self.edges[u]]
+            inner = [(u, self.calls_into[u[0]][0].row(u[1])) for u in key if isinstance(u, tuple)]
+            if len(spans) == 1 and not inner:
+                lo, hi, t = spans[0]
+                row[lo : hi + 1] = self._intern(self._closure(t))
+            elif spans or inner:
+                cuts = {lo for lo, _, _ in spans} | {hi + 1 for _, hi, _ in spans} | {0, 256}
+                for _, r in inner:
+                    cuts.update((np.flatnonzero(np.diff(r)) + 1).tolist())
+                cuts = sorted(cuts)
+                for a, b in zip(cuts, cuts[1:], strict=False):
+                    moved = frozenset(t for lo, hi, t in spans if lo <= a <= hi)
+                    calls = frozenset((u[0], int(r[a])) for u, r in inner if r[a] != DEAD)
+                    if moved or calls:
+                        row[a:b] = self._intern(self._closed_set(moved, calls))
+        if self.nested:
+            self.calls[state] = row[NESTED]
+            row[NESTED] = DEAD
+        self.table[state] = row  # may have grown meanwhile: index after interning
+
+    def _closed_set(self, moved: frozenset, calls: frozenset) -> frozenset:
+        key = (moved, calls)
+        found = self._closed.get(key)
+        if found is None:
+            parts = [self._closure(t) for t in moved]
+            for entry, q in calls:
+                machine, exit_ = self.calls_into[entry]
+                parts.append(frozenset({(entry, q)}))
+                if machine.accepting[q]:
+                    parts.append(self._closure(exit_))
+            found = self._closed[key] = frozenset().union(*parts)
+        return found
+
+
+def _reads_nested(edges: list) -> bool:
+    return any(hi >= NESTED for out in edges for _, hi, _ in out)
+
+
+def _coreachable(eps: list, edges: list, exit_: int, calls: dict, usable=None):
+    """A predicate: can NFA state u reach the exit, reading only bytes where `usable` [256]
+    (default: any byte)? calls: entry -> (callee's start is live, exit) (the call counts as
+    an edge when its callee can finish). Thompson fragments always can, unless some leaf
+    matches nothing (an empty class: a state with no way out) or some edge or call reads
+    only unusable bytes; only then is the reverse search run. NESTED counts as usable."""
+    usable = np.ones(256, dtype=bool) if usable is None else usable.copy()
+    usable[NESTED] = True
+    prefix = np.concatenate([[0], np.cumsum(usable)])
+
+    def ok(lo: int, hi: int) -> bool:
+        return prefix[hi + 1] > prefix[lo]
+
+    sinks = [
+        u
+        for u, (e, d) in enumerate(zip(eps, edges, strict=True))
+        if not e and not d and not (u in calls and calls[u][0])
+    ]
+    blocked = not usable.all() and any(not ok(lo, hi) for out in edges for lo, hi, _ in out)
+    if sinks == [exit_] and not blocked:
+        return lambda u: True
+    preds: list[list[int]] = [[] for _ in eps]
+    for u, (e, d) in enumerate(zip(eps, edges, strict=True)):
+        for v in e:
+            preds[v].append(u)
+        for lo, hi, v in d:
+            if ok(lo, hi):
+                preds[v].append(u)
+    for u, (callee_live, x) in calls.items():
+        if callee_live:
+            preds[x].append(u)
+    live = np.zeros(len(eps), dtype=bool)
+    live[exit_] = True
+    todo = [exit_]
+    while todo:
+        for p in preds[todo.pop()]:
+            if not live[p]:
+                live[p] = True
+                todo.append(p)
+    return lambda u: bool(live[u])
