@@ -1,19 +1,26 @@
-"""Constrained decoding on MaskBench: tgix's grammar compiler and outlines-core side by side.
+"""Constrained decoding on MaskBench: tgix's grammar compiler, outlines-core and llguidance.
 
 For every schema (a file `{description, meta, schema, tests: [{valid, data}]}`), each engine
 compiles the schema in its own worker process (cold: no cache; killed past the per-schema
-limit), then replays every instance's tokens (the default model's tokenizer, `json.dumps`
-layout, keys as-is and in schema order: accepted if either is), timing "mask + advance" per
-token (write the state's packed allowed-token mask into a buffer, then step). A valid instance
-is accepted when every token is allowed and EOS is allowed at the end; an invalid one that is
-accepted is an invalidation error. Single-threaded by default (one schema at a time).
+limit) and writes the start state's mask ("first mask": compile + that fill, what a request
+waits for before its first constrained token), then replays every instance's tokens (the
+default model's tokenizer, `json.dumps` layout, keys as-is and in schema order: accepted if
+either is), timing "mask + advance" per token (write the state's packed allowed-token mask
+into a buffer, then step), then replays the valid instances again ("again": states already
+built, what lazy engines cost once warm). A valid instance is accepted when every token is
+allowed and EOS is allowed at the end; an invalid one that is accepted is an invalidation
+error. Single-threaded by default (one schema at a time).
 
-    python -m benchmarks.grammar                      # documented subset, both engines
-    python -m benchmarks.grammar --all                # all 1427 schemas (~1 h on 2 cores)
-    python -m benchmarks.grammar --limit 50 --no-peer --timeout 5
+    python -m benchmarks.grammar                      # documented subset, all three engines
+    python -m benchmarks.grammar --all                # all 1427 schemas
+    python -m benchmarks.grammar --limit 50 --no-peer --timeout 5 --tgix-mode both
+    python -m benchmarks.grammar --engines tgix,llguidance
     python -m benchmarks.grammar --decode             # batch-8 decode step, grammar vs none
+    python -m benchmarks.grammar --ttft               # benchmarks.grammar_ttft
 
-The peer needs `pip install -e ".[bench]"` (outlines-core). Results go to
+`--tgix-mode lazy|eager|both`: `GrammarCompiler(lazy=True)` (engine `tgix`, masks built the
+first time a state is reached), `lazy=False` (`tgix-eager`), or both side by side. The peers
+need `pip install -e ".[bench]"` (outlines-core, llguidance). Results go to
 benchmarks/results/grammar.json (`--json PATH`, `--json ''` for none).
 """
 
@@ -31,14 +38,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks import harness
-from benchmarks.grammar_engines import Worker, outlines_token_map
+from benchmarks.grammar_engines import make_workers
 from benchmarks.grammar_instances import candidates
 
 DATA = "/work/shared/data/maskbench"
 DEFAULT_LIMIT = 200
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results", "grammar.json")
-ENGINES = ("tgix", "outlines-core")
+FAMILIES = ("tgix", "outlines-core", "llguidance")
 
 
 def select(files: list[str], limit: int | None) -> list[str]:
@@ -60,19 +67,19 @@ def load_case(path: str, encode) -> dict:
     return {"file": os.path.basename(path), "schema": json.dumps(schema), "tests": tests}
 
 
-def make_workers(args, tok) -> dict[str, Worker]:
-    from tgix.grammar.vocabulary import TokenVocabulary
+def engine_names(args) -> list[str]:
+    """The engines run, in table order: `tgix` (lazy) and/or `tgix-eager`, then the peers."""
+    chosen = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if unknown := set(chosen) - set(FAMILIES):
+        raise SystemExit(f"--engines: unknown {sorted(unknown)}; choose from {FAMILIES}")
+    if args.no_peer:
+        chosen = ["tgix"]
+    tgix = {"lazy": ["tgix"], "eager": ["tgix-eager"], "both": ["tgix", "tgix-eager"]}
+    names = tgix[args.tgix_mode] if "tgix" in chosen else []
+    return names + [f for f in FAMILIES[1:] if f in chosen]
 
-    grace = args.timeout * 0.5 + 10  # tgix stops itself at --timeout; this is a backstop
-    vocab = TokenVocabulary.from_tokenizer(tok.hf, eos_ids=tok.eos_token_ids)
-    workers = {"tgix": Worker("tgix", (vocab, args.timeout), args.timeout + grace, 600)}
-    if not args.no_peer:
-        peer = (outlines_token_map(tok.hf), tok.eos_token_ids[0], len(tok.hf))
-        workers["outlines-core"] = Worker("outlines", peer, args.timeout, 600)
-    return workers
 
-
-def run_all(args, tok, paths: list[str]) -> list[dict]:
+def run_all(args, tok, paths: list[str], names: list[str]) -> list[dict]:
     """Every schema through every engine; `--workers` slots run schemas concurrently."""
 
     def encode(text: str) -> list[int]:
@@ -80,7 +87,7 @@ def run_all(args, tok, paths: list[str]) -> list[dict]:
 
     slots: queue.Queue = queue.Queue()
     for _ in range(args.workers):
-        slots.put(make_workers(args, tok))
+        slots.put(make_workers(args, tok, names))
     started, done = time.perf_counter(), [0]
 
     def one(path: str) -> dict:
@@ -113,45 +120,51 @@ def category(error: str) -> str:
 
 
 def summarize(name: str, cases: list[dict], cap: float) -> dict:
-    """One engine's figures over all schemas (timeouts counted at the cap where noted)."""
+    """One engine's figures over all schemas. "_all" percentiles count timeouts at the cap
+    (compile) or every schema without a first mask at the cap (first mask)."""
     import numpy as np
 
     res = [c["results"][name] for c in cases]
-    statuses = collections.Counter(r["status"] for r in res)
     compiled = [(c, r) for c, r in zip(cases, res, strict=True) if r["status"] == "ok"]
     counts = collections.Counter()
     for c, r in compiled:
         for (valid, _), ok in zip(c["tests"], r["accepted"], strict=True):
             counts[(valid, ok)] += 1
-    ok_times = [r["compile_s"] for _, r in compiled]
-    all_times = [min(r["compile_s"], cap) if r["status"] != "timeout" else cap for r in res]
-    times = [r["times"] for _, r in compiled if r["times"] is not None and len(r["times"])]
-    per_token = np.concatenate(times) / 1e3 if times else np.zeros(0)
-    errors = collections.Counter(category(r["error"]) for r in res if r["status"] != "ok")
-    return {
+    out = {
         "schemas": len(res),
         "compiled": len(compiled),
-        "status": dict(statuses),
+        "status": dict(collections.Counter(r["status"] for r in res)),
         "valid_accepted": counts[(True, True)],
         "valid_total": counts[(True, True)] + counts[(True, False)],
+        "valid_rejected": counts[(True, False)],
         "invalid_accepted": counts[(False, True)],
         "invalid_total": counts[(False, True)] + counts[(False, False)],
-        "compile_s_p50": harness.percentile(ok_times, 50),
-        "compile_s_p90": harness.percentile(ok_times, 90),
-        "compile_s_p50_all": harness.percentile(all_times, 50),
-        "compile_s_p90_all": harness.percentile(all_times, 90),
-        "mask_advance_us_p50": float(np.percentile(per_token, 50)) if per_token.size else None,
-        "mask_advance_us_p99": float(np.percentile(per_token, 99)) if per_token.size else None,
-        "mask_advance_us_max": float(per_token.max()) if per_token.size else None,
-        "tokens_timed": int(per_token.size),
-        "errors": dict(errors.most_common()),
     }
+    first = [cap if r["first_mask_s"] is None else min(r["first_mask_s"], cap) for r in res]
+    spans = {
+        "compile_s": [min(r["compile_s"], cap) if r["status"] != "timeout" else cap for r in res],
+        "first_mask_s": first,
+    }
+    for key, every in spans.items():
+        ok = [r[key] for _, r in compiled]
+        for q in (50, 90):
+            out[f"{key}_p{q}"] = harness.percentile(ok, q)
+            out[f"{key}_p{q}_all"] = harness.percentile(every, q)
+    for key, field in (("mask_advance", "times"), ("mask_advance_again", "times_again")):
+        times = [r[field] for _, r in compiled if r[field] is not None and len(r[field])]
+        us = np.concatenate(times) / 1e3 if times else np.zeros(0)
+        for label, q in (("p50", 50), ("p99", 99), ("max", 100)):
+            out[f"{key}_us_{label}"] = float(np.percentile(us, q)) if us.size else None
+        out["tokens_timed" if field == "times" else "tokens_timed_again"] = int(us.size)
+    errors = collections.Counter(category(r["error"]) for r in res if r["status"] != "ok")
+    out["errors"] = dict(errors.most_common())
+    return out
 
 
-def both_compiled(cases: list[dict], cap: float) -> dict:
-    """Each engine's figures on the schemas both compiled (the like-for-like comparison)."""
-    common = [c for c in cases if all(c["results"][n]["status"] == "ok" for n in ENGINES)]
-    return {"schemas": len(common), **{n: summarize(n, common, cap) for n in ENGINES}}
+def all_compiled(cases: list[dict], names: list[str], cap: float) -> dict:
+    """Each engine's figures on the schemas every engine compiled (like for like)."""
+    common = [c for c in cases if all(c["results"][n]["status"] == "ok" for n in names)]
+    return {"schemas": len(common), **{n: summarize(n, common, cap) for n in names}}
 
 
 def report(summary: dict, common: dict | None) -> None:
@@ -160,31 +173,33 @@ def report(summary: dict, common: dict | None) -> None:
     def frac(a: int, b: int) -> str:
         return f"{a}/{b} ({100 * a / b:.1f}%)" if b else f"{a}/0"
 
-    def num(v, scale: float = 1.0) -> float:
-        return v * scale if v is not None else float("nan")
+    def num(key: str, scale: float = 1.0):
+        return lambda s: s[key] * scale if s[key] is not None else float("nan")
 
     fields = [
         ("schemas compiled", lambda s: frac(s["compiled"], s["schemas"])),
         ("status counts", lambda s: " ".join(f"{k}={v}" for k, v in s["status"].items())),
         ("valid accepted", lambda s: frac(s["valid_accepted"], s["valid_total"])),
+        ("valid rejected", lambda s: s["valid_rejected"]),
         ("invalid accepted", lambda s: frac(s["invalid_accepted"], s["invalid_total"])),
-        ("compile ms p50 (compiled)", lambda s: num(s["compile_s_p50"], 1e3)),
-        ("compile ms p90 (compiled)", lambda s: num(s["compile_s_p90"], 1e3)),
-        ("compile ms p50 (all, cap)", lambda s: num(s["compile_s_p50_all"], 1e3)),
-        ("compile ms p90 (all, cap)", lambda s: num(s["compile_s_p90_all"], 1e3)),
-        ("mask+advance us p50", lambda s: num(s["mask_advance_us_p50"])),
-        ("mask+advance us p99", lambda s: num(s["mask_advance_us_p99"])),
-        ("mask+advance us max", lambda s: num(s["mask_advance_us_max"])),
-        ("tokens timed", lambda s: s["tokens_timed"]),
     ]
+    for key, label in (("compile_s", "compile"), ("first_mask_s", "first mask")):
+        for q in ("p50", "p90"):
+            fields.append((f"{label} ms {q} (compiled)", num(f"{key}_{q}", 1e3)))
+        for q in ("p50", "p90"):
+            fields.append((f"{label} ms {q} (all, cap)", num(f"{key}_{q}_all", 1e3)))
+    for key, tag in (("mask_advance", ""), ("mask_advance_again", " (again)")):
+        for q in ("p50", "p99", "max"):
+            fields.append((f"mask+advance us {q}{tag}", num(f"{key}_us_{q}")))
+    fields.append(("tokens timed", lambda s: s["tokens_timed"]))
     rows = [[label, *(get(s) for s in summary.values())] for label, get in fields]
     if common:
-        both = f"{common['schemas']} both compiled"
-        for label, get in fields[2:6] + fields[8:10]:
-            rows.append([f"{label}, {both}", *(get(common[n]) for n in summary)])
-    harness.print_table("MaskBench: tgix vs outlines-core", ["metric", *summary], rows)
+        tag = f"{common['schemas']} all compiled"
+        for label, get in fields[2:7] + fields[9:11] + fields[13:15] + fields[16:18]:
+            rows.append([f"{label}, {tag}", *(get(common[n]) for n in summary)])
+    harness.print_table(f"MaskBench: {' vs '.join(summary)}", ["metric", *summary], rows)
     for name, s in summary.items():
-        top = [[v, k] for k, v in list(s["errors"].items())[: 15 if name == "tgix" else 8]]
+        top = [[v, k] for k, v in list(s["errors"].items())[: 15 if "tgix" in name else 8]]
         if top:
             harness.print_table(f"{name}: why schemas failed", ["count", "reason"], top)
 
@@ -199,6 +214,7 @@ def per_schema(cases: list[dict]) -> list[dict]:
             row[name] = {
                 "status": r["status"],
                 "compile_s": r["compile_s"],
+                "first_mask_s": r["first_mask_s"],
                 "error": r["error"],
                 "valid": [sum(ok for (v, _), ok in flags if v), sum(v for v, _ in c["tests"])],
                 "invalid_accepted": sum(ok for (v, _), ok in flags if not v),
@@ -221,17 +237,33 @@ def source_state() -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=DATA, help="folder of MaskBench *.json files")
-    parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help="schemas (every k-th)")
-    parser.add_argument("--all", action="store_true", help="every schema (overrides --limit)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="compile limit per schema")
-    parser.add_argument("--no-peer", action="store_true", help="tgix only (no outlines-core)")
-    parser.add_argument("--workers", type=int, default=1, help="schemas compiled at once")
-    parser.add_argument("--json", metavar="PATH", help=f"results file (default {RESULTS})")
-    parser.add_argument("--decode", action="store_true", help="batch-8 decode, grammar vs none")
-    parser.add_argument("--repeats", type=int, default=3, help="--decode: runs per mode")
+    add = parser.add_argument
+    add("--data", default=DATA, help="folder of MaskBench *.json files")
+    add("--limit", type=int, default=DEFAULT_LIMIT, help="schemas (every k-th)")
+    add("--all", action="store_true", help="every schema (overrides --limit)")
+    add("--timeout", type=float, default=10.0, help="compile limit per schema")
+    add("--engines", default=",".join(FAMILIES), help=f"comma list of {', '.join(FAMILIES)}")
+    add("--tgix-mode", choices=("lazy", "eager", "both"), default="lazy", help="tgix's masks")
+    add("--no-peer", action="store_true", help="tgix only (overrides --engines)")
+    add("--llg-whitespace", metavar="REGEX", help="llguidance whitespace_pattern, e.g. '[ ]?'")
+    add("--workers", type=int, default=1, help="schemas compiled at once")
+    add("--json", metavar="PATH", help=f"results file (default {RESULTS})")
+    add("--decode", action="store_true", help="batch-8 decode, grammar vs none")
+    add("--repeats", type=int, default=3, help="--decode: runs per mode")
+    add("--ttft", action="store_true", help="time to first token (benchmarks.grammar_ttft)")
+    try:
+        from benchmarks import grammar_ttft
+    except ImportError:
+        grammar_ttft = None
+    else:
+        grammar_ttft.add_arguments(parser)
     args = parser.parse_args(argv)
-    if args.decode:
+    if args.ttft:
+        if grammar_ttft is None:
+            raise SystemExit("--ttft needs benchmarks/grammar_ttft.py")
+        results = grammar_ttft.run_ttft(args)
+        path = RESULTS.replace(".json", "_ttft.json") if args.json is None else args.json
+    elif args.decode:
         from benchmarks.grammar_decode import run_decode
 
         results = run_decode(args)
@@ -251,15 +283,16 @@ def run_maskbench(args) -> dict:
     paths = select(glob.glob(os.path.join(args.data, "*.json")), None if args.all else args.limit)
     if not paths:
         raise SystemExit(f"no MaskBench files under {args.data}")
+    names = engine_names(args)
     tok = load_tokenizer(resolve_model(None))
     machine = harness.machine()
-    print(f"{len(paths)} schemas, timeout {args.timeout:g} s, workers {args.workers}")
+    print(f"{len(paths)} schemas, {', '.join(names)}, timeout {args.timeout:g} s", end="")
+    print(f", workers {args.workers}")
     started = time.perf_counter()
-    cases = run_all(args, tok, paths)
+    cases = run_all(args, tok, paths, names)
     wall = time.perf_counter() - started
-    names = [n for n in ENGINES if n in cases[0]["results"]]
     summary = {n: summarize(n, cases, args.timeout) for n in names}
-    common = both_compiled(cases, args.timeout) if len(names) == 2 else None
+    common = all_compiled(cases, names, args.timeout) if len(names) > 1 else None
     report(summary, common)
     print(f"\n{len(paths)} schemas in {wall:.0f} s")
     return {
@@ -269,7 +302,7 @@ def run_maskbench(args) -> dict:
         "source": source_state(),
         "wall_s": wall,
         "engines": summary,
-        "both_compiled": common,
+        "all_compiled": common,
         "schemas": per_schema(cases),
     }
 

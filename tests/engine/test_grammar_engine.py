@@ -201,3 +201,24 @@ def test_llm_generate_takes_a_schema_or_a_spec(tiny_checkpoints, xla_cache):
         assert d.generated_text in ("ac", "abc") and d.finish_reason == "eos_token"
         with pytest.raises(GrammarError):  # admits nothing
             llm.generate("x", grammar={"type": "integer", "minimum": 3, "maximum": 2})
+
+
+def test_a_lazy_grammar_past_its_budget_ends_its_request_alone(engine):
+    """The engine's compiler builds grammars lazily: when a state's mask cannot be built
+    within the grammar's per-call budget, that request ends with a grammar error event and
+    an unconstrained request in the same batch finishes as it would alone."""
+    from tgix.engine.request import GenerationError
+
+    grammar = engine.grammar_compiler.compile(GrammarSpec.regex(r"[a-c]{2}-[0-9]{3}-[x-z]{2}"))
+    assert grammar.stats.get("lazy") and grammar.mask(grammar.start).any()
+    grammar.budget_s = -1.0  # every state not built yet is now past its budget
+    plain = greedy(12, prompt_ids=prompt(71, 6))
+    alone = ids(run(engine, plain))
+    streams = [
+        engine.submit(greedy(12, prompt_ids=prompt(70, 6), grammar=grammar)),
+        engine.submit(greedy(12, prompt_ids=prompt(71, 6))),
+    ]
+    with pytest.raises(GenerationError, match="grammar: .*time budget"):
+        list(streams[0])
+    *_, final = streams[1]
+    assert ids(final) == alone and final.finish_reason == "length"

@@ -29,6 +29,7 @@ from tgix.grammar.automaton import DEAD
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.index import FINISHED
 from tgix.grammar.lazy_dfa import LazyDFA
+from tgix.grammar.nfa import check_deadline
 from tgix.grammar.pushdown import PushdownIndex, State, walk_steps
 from tgix.grammar.token_trie import Trie
 from tgix.grammar.vocabulary import TokenVocabulary
@@ -170,6 +171,7 @@ class LazyTokenIndex:
             node = self._level1
         state = np.full(len(node), start, dtype=np.int32)
         while node.size:
+            check_deadline(dfa.deadline)
             nxt = np.full(len(node), TRAP, dtype=np.int32)
             moving = state >= 0
             src, label = state[moving], trie.label[node[moving]]
