@@ -126,14 +126,16 @@ def prune_empty(node: Node, budget: int = 4000) -> Node:
     """NEVER if the node's language is empty, else the node. Intersections and differences
     can be empty (a pattern longer than maxLength, an enum none of whose values passes the
     other keywords, a oneOf branch inside another); the automaton rejects an empty language,
-    so such nodes are tested by building their (small) automaton. Past `budget` states the
-    node is kept as it is."""
+    so such nodes are tested by searching their lazily built automaton for an accepted
+    string. Past `budget` states the node is kept as it is."""
     if not isinstance(node, Both | Minus):
         return node
-    from tgix.grammar.automaton import build_dfa
+    import time
 
-    try:
-        build_dfa(node, budget)
+    from tgix.grammar.lazy_dfa import LazyDFA
+
+    try:  # only the start's liveness is searched (lazy_product), not the whole automaton
+        LazyDFA(node, budget, time.monotonic() + 3600)
     except GrammarError as e:
         if "matches no string" in str(e):
             return NEVER

@@ -7,9 +7,10 @@ its row of 256 successors the first time a walk asks for it. States are numbered
 order (start 0); a row is the same function of its state set as in the eager construction, so
 both automata accept exactly the same bytes (they differ only in numbering and minimality).
 
-- `atomic` one-part intersections (json_common.atomic: a minimisation hint for the eager
-  build) are inlined; real intersections and differences (Both with two or more parts,
-  Minus) are still built eagerly by the product construction and embedded as NFA fragments.
+- Intersections and differences (and `atomic` one-part intersections, json_common.atomic:
+  a minimisation hint for the eager build) are called, not copied: the NFA has an entry and
+  an exit for each use, and the node's own automaton (a LazyDFA, or a lazy_product pair
+  automaton) is built once per grammar and stepped inside the set states.
 - NFA states that cannot reach the exit are left out of every set, so every state but DEAD
   can still reach acceptance (the masks' liveness rule needs no search).
 - With nesting (tgix.grammar.pushdown), the NESTED byte's column moves to `calls` and the
@@ -24,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from tgix.grammar import regex_tree as rt
-from tgix.grammar.automaton import DEAD, ByteDFA, _embed, _product
+from tgix.grammar.automaton import DEAD, ByteDFA
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_any import NESTED
 from tgix.grammar.nfa import Nfa, build, check_deadline
@@ -34,13 +35,12 @@ UNKNOWN = -2  # a row not computed yet
 
 class _Shared:
     """What the automata of one grammar share: the deadline (set by the caller before each
-    batch of work), the state budget, the sub-automata by node, the eager products."""
+    batch of work), the state budget, the sub-automata by node."""
 
     def __init__(self, max_states: int, deadline: float, singles):
         self.max_states, self.deadline, self.states = max_states, deadline, 0
         self.singles = singles
         self.machines: dict[rt.Node, LazyDFA | None] = {}
-        self.products: dict[rt.Node, ByteDFA] = {}
 
 
 class LazyDFA:
@@ -75,15 +75,11 @@ class LazyDFA:
         self.calls_into: dict[int, tuple[LazyDFA, int]] = {}  # NFA entry -> (machine, exit)
 
         def embed(nfa: Nfa, inner: rt.Node) -> tuple[int, int]:
-            if isinstance(inner, rt.Both) and len(inner.parts) == 1:
-                machine = self._machine(inner.parts[0])
-                entry, exit_ = nfa.new(), nfa.new()
-                if machine is not None:
-                    self.calls_into[entry] = (machine, exit_)
-                return entry, exit_
-            if inner not in shared.products:
-                shared.products[inner] = _product(inner, shared.max_states, shared.deadline)
-            return _embed(nfa, shared.products[inner])
+            machine = self._machine(inner)
+            entry, exit_ = nfa.new(), nfa.new()
+            if machine is not None:
+                self.calls_into[entry] = (machine, exit_)
+            return entry, exit_
 
         entry, self.exit = build(nfa, node, embed)
         self.eps, self.edges = nfa.eps, nfa.edges
@@ -110,8 +106,42 @@ class LazyDFA:
             g_final = int(np.flatnonzero(self.container.accepting)[0])
             self.g_start, self.g_final = self._intern(("g", 0)), self._intern(("g", g_final))
 
-    def _machine(self, node: rt.Node) -> LazyDFA | None:
-        """The shared automaton of an atomic node (None: its language is empty)."""
+    def _machine(self, node: rt.Node):
+        """The shared automaton of an intersection or difference node (a one-part
+        intersection, json_common.atomic, is its part's own LazyDFA; others a LazyProduct);
+        None: its language is empty."""
+        machines = self.shared.machines
+        if node not in machines:
+            try:
+                machines[node] = self._new_machine(node)
+            except GrammarError as exc:
+                if "matches no string" not in str(exc):
+                    raise
+                machines[node] = None
+        return machines[node]
+
+    def _new_machine(self, node: rt.Node):
+        from tgix.grammar.lazy_product import LazyProduct
+
+        if isinstance(node, rt.Minus):
+            keep, drop = self._part(node.keep), self._part(node.drop)
+            if keep is None:
+                raise GrammarError("the grammar matches no string at all")
+            return keep if drop is None else LazyProduct(keep, drop, False, self.shared)
+        if isinstance(node, rt.Both):
+            parts = [self._part(p) for p in node.parts]
+            if any(p is None for p in parts):
+                raise GrammarError("the grammar matches no string at all")
+            result = parts[0]
+            for other in parts[1:]:
+                result = LazyProduct(result, other, True, self.shared)
+            return result
+        raise GrammarError(f"unknown grammar node {type(node).__name__}")
+
+    def _part(self, node: rt.Node):
+        """A side of a product: its own automaton (shared per node), None when empty."""
+        if isinstance(node, rt.Both | rt.Minus):
+            return self._machine(node)
         machines = self.shared.machines
         if node not in machines:
             try:
