@@ -79,6 +79,8 @@ async def paired(stream) -> AsyncIterator[tuple[TokenEvent | None, Completion | 
         if nxt is not None and not nxt.done():
             nxt.cancel()
             await asyncio.gather(nxt, return_exceptions=True)
+        elif nxt is not None and not nxt.cancelled():
+            nxt.exception()  # a peek that ended the stream while the consumer left: retrieved
 
 
 async def _drain_completion(stream) -> Completion:

@@ -142,6 +142,27 @@ def test_tokens_are_not_delayed_by_pairing():
     assert seen[0][0] == 1 and seen[0][1] < 0.1
 
 
+def test_a_consumer_leaving_after_the_stream_ended_leaves_no_unretrieved_task():
+    """The peek for the next item may finish (the stream ended) after paired() handed over
+    a token and before its consumer closed it (a tool call cut short): its exception is
+    retrieved, so asyncio logs no "Task exception was never retrieved"."""
+    import gc
+
+    async def go():
+        reported = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: reported.append(ctx))
+        pairs = paired(_Stream([(0, _ev(1)), (0.05, StopAsyncIteration)]))
+        assert (await anext(pairs))[0].index == 1
+        await asyncio.sleep(0.1)  # the peek ends with StopAsyncIteration meanwhile
+        await pairs.aclose()
+        del pairs
+        gc.collect()
+        await asyncio.sleep(0)
+        return reported
+
+    assert asyncio.run(go()) == []
+
+
 def test_error_helpers():
     assert json.loads(errors.overloaded().response().body) == {
         "error": "Model is overloaded",
