@@ -31,6 +31,7 @@ from tgix.grammar.json_any import NESTED
 from tgix.grammar.nfa import Nfa, build, check_deadline
 
 UNKNOWN = -2  # a row not computed yet
+SHARED_LEAF_CHARS = 24  # regex leaves longer than this get one automaton per grammar
 
 
 class _Shared:
@@ -71,24 +72,47 @@ class LazyDFA:
         vocabulary has as one-byte tokens; `token_live[s]`: s reaches acceptance through
         them alone (what a token mask may lead to)."""
         self.shared = shared = shared or _Shared(max_states, deadline, singles)
-        nfa = Nfa(shared.max_states, shared.deadline)
-        self.calls_into: dict[int, tuple[LazyDFA, int]] = {}  # NFA entry -> (machine, exit)
+        nfa = _CallingNfa(self)
+        self.calls_into: dict[int, _Call] = {}
 
-        def embed(nfa: Nfa, inner: rt.Node) -> tuple[int, int]:
-            machine = self._machine(inner)
-            entry, exit_ = nfa.new(), nfa.new()
-            if machine is not None:
-                self.calls_into[entry] = (machine, exit_)
-            return entry, exit_
+        if isinstance(node, rt.Regex | rt.RawByte):
+            entry, exit_ = build(nfa, node, None)
+        else:
+            entry, exit_ = self._build(nfa, node)
+        self._setup(nfa.eps, nfa.edges, entry, exit_, container)
 
-        entry, self.exit = build(nfa, node, embed)
-        self.eps, self.edges = nfa.eps, nfa.edges
-        calls = {u: (True, x) for u, (_, x) in self.calls_into.items()}
-        self.live = _coreachable(nfa.eps, nfa.edges, self.exit, calls)
-        calls = {u: (bool(m.token_live[0]), x) for u, (m, x) in self.calls_into.items()}
-        self.single_live = _coreachable(nfa.eps, nfa.edges, self.exit, calls, shared.singles)
-        self.reads_nested = _reads_nested(nfa.edges) or any(
-            m.reads_nested for m, _ in self.calls_into.values()
+    def _build(self, nfa: _CallingNfa, node: rt.Node) -> tuple[int, int]:
+        """nfa.build, calling what it would copy: products, and regex leaves long enough
+        to be worth an automaton of their own (one per distinct leaf in the grammar)."""
+        if isinstance(node, rt.Both | rt.Minus):
+            return nfa.call(self._machine(node), 1, 1)
+        if isinstance(node, rt.Regex) and len(node.source) > SHARED_LEAF_CHARS:
+            return nfa.call(self._part(node), 1, 1)
+        if isinstance(node, rt.Seq):
+            return nfa.chain([self._build(nfa, p) for p in node.parts])
+        if isinstance(node, rt.Alt):
+            return nfa.union([self._build(nfa, p) for p in node.options])
+        if isinstance(node, rt.Repeat):
+            return nfa.repeat(lambda: self._build(nfa, node.node), node.lo, node.hi)
+        return build(nfa, node, None)
+
+    @classmethod
+    def _of_fragment(cls, eps, edges, calls_into, entry: int, exit_: int, shared) -> LazyDFA:
+        """The automaton of an NFA fragment built apart (a counted repeat's body)."""
+        self = cls.__new__(cls)
+        self.shared, self.calls_into = shared, calls_into
+        self._setup(eps, edges, entry, exit_, None)
+        return self
+
+    def _setup(self, eps, edges, entry: int, exit_: int, container) -> None:
+        shared = self.shared
+        self.eps, self.edges, self.exit = eps, edges, exit_
+        calls = {u: (True, c.exit) for u, c in self.calls_into.items()}
+        self.live = _coreachable(eps, edges, exit_, calls)
+        calls = {u: (c.startable(), c.exit) for u, c in self.calls_into.items()}
+        self.single_live = _coreachable(eps, edges, exit_, calls, shared.singles)
+        self.reads_nested = _reads_nested(edges) or any(
+            c.machine.reads_nested for c in self.calls_into.values()
         )
         self.nested = container is not None and self.reads_nested
         self.container: ByteDFA | None = container() if self.nested else None
@@ -191,8 +215,8 @@ class LazyDFA:
 
     def _closure(self, u: int) -> frozenset:
         """u's epsilon closure: NFA states that read a byte or are the exit, and live, and
-        (entry, start) for each call entered, through to its exit when the callee accepts
-        the empty string."""
+        (entry, 0, 0) for each call entered (its callee at its start, no body done yet),
+        through to the call's exit where it may read nothing."""
         found = self._closures.get(u)
         if found is None:
             seen, todo, keep = {u}, [u], set()
@@ -200,10 +224,11 @@ class LazyDFA:
                 t = todo.pop()
                 call = self.calls_into.get(t)
                 nxt = list(self.eps[t])
-                if call is not None and self.live(call[1]):
-                    keep.add((t, 0))
-                    if call[0].accepting[0]:
-                        nxt.append(call[1])
+                if call is not None and self.live(call.exit):
+                    if call.hi is None or call.hi > 0:
+                        keep.add((t, 0, 0))
+                    if call.least() == 0:
+                        nxt.append(call.exit)
                 elif (self.edges[t] or t == self.exit) and self.live(t):
                     keep.add(t)
                 for v in nxt:
@@ -238,8 +263,10 @@ class LazyDFA:
 
     def _token_live(self, element) -> bool:
         if isinstance(element, tuple):
-            machine, exit_ = self.calls_into[element[0]]
-            return bool(machine.token_live[element[1]]) and self.single_live(exit_)
+            entry, done, q = element
+            call = self.calls_into[entry]
+            more = done + 1 >= call.least() or call.startable()
+            return bool(call.machine.token_live[q]) and more and self.single_live(call.exit)
         return self.single_live(element)
 
     def _grow(self) -> None:
@@ -262,7 +289,9 @@ class LazyDFA:
                 row[g_row == g] = self._intern(("g", g))
         else:
             spans = [e for u in key if isinstance(u, int) for e in self.edges[u]]
-            inner = [(u, self.calls_into[u[0]][0].row(u[1])) for u in key if isinstance(u, tuple)]
+            inner = [
+                (u, self.calls_into[u[0]].machine.row(u[2])) for u in key if isinstance(u, tuple)
+            ]
             if len(spans) == 1 and not inner:
                 lo, hi, t = spans[0]
                 row[lo : hi + 1] = self._intern(self._closure(t))
@@ -273,7 +302,7 @@ class LazyDFA:
                 cuts = sorted(cuts)
                 for a, b in zip(cuts, cuts[1:], strict=False):
                     moved = frozenset(t for lo, hi, t in spans if lo <= a <= hi)
-                    calls = frozenset((u[0], int(r[a])) for u, r in inner if r[a] != DEAD)
+                    calls = frozenset((*u[:2], int(r[a])) for u, r in inner if r[a] != DEAD)
                     if moved or calls:
                         row[a:b] = self._intern(self._closed_set(moved, calls))
         if self.nested:
@@ -286,13 +315,74 @@ class LazyDFA:
         found = self._closed.get(key)
         if found is None:
             parts = [self._closure(t) for t in moved]
-            for entry, q in calls:
-                machine, exit_ = self.calls_into[entry]
-                parts.append(frozenset({(entry, q)}))
-                if machine.accepting[q]:
-                    parts.append(self._closure(exit_))
+            for entry, done, q in calls:
+                call = self.calls_into[entry]
+                parts.append(frozenset({(entry, done, q)}))
+                if call.machine.accepting[q]:  # a body complete: leave, or start the next
+                    n = done + 1
+                    if n >= call.least():
+                        parts.append(self._closure(call.exit))
+                    if call.hi is None or n < call.hi:
+                        again = min(n, call.lo) if call.hi is None else n
+                        parts.append(frozenset({(entry, again, 0)}))
             found = self._closed[key] = frozenset().union(*parts)
         return found
+
+
+class _Call:
+    """An NFA entry that runs `machine` lo..hi times (hi None: unbounded), then `exit`."""
+
+    __slots__ = ("machine", "exit", "lo", "hi")
+
+    def __init__(self, machine, exit_: int, lo: int, hi: int | None):
+        self.machine, self.exit, self.lo, self.hi = machine, exit_, lo, hi
+
+    def least(self) -> int:
+        """Bodies needed (0 when one body may be empty: fewer bodies then do)."""
+        return 0 if self.machine.accepting[0] else self.lo
+
+    def startable(self) -> bool:
+        """Can the call finish through one-byte tokens (what token liveness needs)?"""
+        return self.least() == 0 or bool(self.machine.token_live[0])
+
+
+class _CallingNfa(Nfa):
+    """The NFA of one LazyDFA: calls instead of copies. A repeat that would copy its body
+    more than twice builds the body once, apart, as its own automaton, and counts."""
+
+    def __init__(self, owner: LazyDFA):
+        super().__init__(owner.shared.max_states, owner.shared.deadline)
+        self.owner = owner
+
+    def call(self, machine, lo: int, hi: int | None) -> tuple[int, int]:
+        entry, exit_ = self.new(), self.new()
+        if machine is not None:
+            self.owner.calls_into[entry] = _Call(machine, exit_, lo, hi)
+        elif lo == 0:
+            self.eps[entry].append(exit_)
+        return entry, exit_
+
+    def repeat(self, build, lo: int, hi: int | None):
+        copies = lo + (1 if hi is None else hi - lo)
+        if copies <= 2:
+            return super().repeat(build, lo, hi)
+        if hi is not None and hi < lo:
+            raise GrammarError(f"invalid regex repetition {{{lo},{hi}}}: max below min")
+        owner = self.owner
+        saved = self.eps, self.edges, owner.calls_into
+        self.eps, self.edges, owner.calls_into = [], [], {}
+        try:
+            entry, exit_ = build()
+        finally:
+            body = self.eps, self.edges, owner.calls_into
+            self.eps, self.edges, owner.calls_into = saved
+        try:
+            machine = LazyDFA._of_fragment(*body, entry, exit_, owner.shared)
+        except GrammarError as exc:
+            if "matches no string" not in str(exc):
+                raise
+            machine = None
+        return self.call(machine, lo, hi)
 
 
 def _reads_nested(edges: list) -> bool:

@@ -76,7 +76,7 @@ class Nfa:
             self.eps[loop_entry] += [f_entry, loop_exit]
             self.eps[f_exit].append(loop_entry)
             parts.append((loop_entry, loop_exit))
-        else:
+        elif hi > lo:  # (an exit only when there is an optional part: no orphan states)
             tail_exit = self.new()
             optional = []
             for _ in range(hi - lo):
