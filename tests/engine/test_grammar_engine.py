@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import uuid
 
 import jsonschema
 import pytest
@@ -209,7 +210,8 @@ def test_a_lazy_grammar_past_its_budget_ends_its_request_alone(engine):
     an unconstrained request in the same batch finishes as it would alone."""
     from tgix.engine.request import GenerationError
 
-    grammar = engine.grammar_compiler.compile(GrammarSpec.regex(r"[a-c]{2}-[0-9]{3}-[x-z]{2}"))
+    fresh = uuid.uuid4().hex  # never in the compiler's disk cache (it would load eagerly)
+    grammar = engine.grammar_compiler.compile(GrammarSpec.regex(fresh + r"[a-c]{2}-[0-9]{3}"))
     assert grammar.stats.get("lazy") and grammar.mask(grammar.start).any()
     grammar.budget_s = -1.0  # every state not built yet is now past its budget
     plain = greedy(12, prompt_ids=prompt(71, 6))
