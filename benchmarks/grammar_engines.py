@@ -86,13 +86,16 @@ class _Tgix:
         clock = time.perf_counter_ns
         for t in ids:
             t0 = clock()
-            np.copyto(buf, index.mask(state))
-            try:
+            try:  # a lazy grammar builds masks here: its budget can end the walk too
+                np.copyto(buf, index.mask(state))
                 state = index.advance(state, t)
             except GrammarError:
                 return False, times
             times.append(clock() - t0)
-        return index.allows(state, self.eos), times
+        try:
+            return index.allows(state, self.eos), times
+        except GrammarError:
+            return False, times
 
 
 class _Outlines:

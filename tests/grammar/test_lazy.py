@@ -144,7 +144,7 @@ def test_the_start_is_usable_before_the_rest_is_built(real):
 
 def test_a_state_budget_is_shared_by_every_state_of_the_grammar(real):
     _, vocab, trie = real
-    small = GrammarOptions(max_states=40, timeout_s=30)
+    small = GrammarOptions(max_states=20, timeout_s=30)  # lazily: 4 x 20 states
     with pytest.raises(GrammarError, match="too large"):
         lazy = compile_lazy(GrammarSpec.regex("[a-z]{0,100}"), vocab, trie, small)
         state = lazy.start

@@ -128,6 +128,9 @@ def compile_arrays(
 
 
 MASK_BUDGET_S = 2.0  # the most one lazily built mask may take (the engine thread waits on it)
+# Lazily built states are not minimised and a mask's walk builds the end state of every token
+# it allows, so a grammar gets this many times the eager budget (1 KiB of table per state).
+LAZY_STATES = 4
 
 
 def compile_lazy(
@@ -141,7 +144,8 @@ def compile_lazy(
     t1 = time.monotonic()
     deadline = t0 + options.timeout_s
     container = lambda: container_dfa(options)
-    dfa = LazyDFA(tree, options.max_states, deadline, container, single_bytes(vocab))
+    budget = LAZY_STATES * options.max_states
+    dfa = LazyDFA(tree, budget, deadline, container, single_bytes(vocab))
     t2 = time.monotonic()
     stats = {"lazy": True, "tree_s": t1 - t0, "nfa_s": t2 - t1, "notes": notes}
     base = LazyTokenIndex(dfa, vocab, trie, min(options.timeout_s, MASK_BUDGET_S), stats)
