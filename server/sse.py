@@ -72,6 +72,8 @@ class EventStream:
                 if not nxt.done():
                     nxt.cancel()
                     await asyncio.gather(nxt, return_exceptions=True)
+                elif not nxt.cancelled():
+                    nxt.exception()  # ended as the pump was cancelled (client gone): retrieved
             await _body(send, frame)
 
     async def __call__(self, scope, receive, send) -> None:
