@@ -76,12 +76,12 @@ class TokenIndex:
         if nxt is None:
             if not self.allows(state, token_id):
                 raise GrammarError(f"token {token_id} is not allowed in state {state}")
-            if token_id in self.eos_ids:
-                nxt = FINISHED
-            else:
-                nxt = self.dfa.walk(self.vocab.token_bytes[token_id], state)
+            nxt = FINISHED if token_id in self.eos_ids else self._token_end(state, token_id)
             self._next[key] = nxt
         return nxt
+
+    def _token_end(self, state: int, token_id: int) -> int:
+        return self.dfa.walk(self.vocab.token_bytes[token_id], state)
 
     def forced_token(self, state: int) -> int | None:
         """The only allowed token when there is exactly one and it is not EOS."""

@@ -26,12 +26,12 @@ from collections import OrderedDict
 import numpy as np
 
 from tgix.grammar.automaton import DEAD
-from tgix.grammar.errors import GrammarError
-from tgix.grammar.index import FINISHED
+from tgix.grammar.index import FINISHED, TokenIndex
 from tgix.grammar.lazy_dfa import LazyDFA
 from tgix.grammar.nfa import check_deadline
 from tgix.grammar.pushdown import PushdownIndex, State, walk_steps
 from tgix.grammar.token_trie import Trie
+from tgix.grammar.trie_walk import looping_nodes
 from tgix.grammar.vocabulary import TokenVocabulary
 
 TRAP = -3  # a walk that pushed or popped (pushdown): settled by the stack machine
@@ -92,19 +92,10 @@ class LazyTokenIndex:
     def allows(self, state: int, token_id: int) -> bool:
         return bool((int(self.mask(state)[token_id >> 5]) >> (token_id & 31)) & 1)
 
-    def advance(self, state: int, token_id: int) -> int:
-        """The state after `token_id`; FINISHED after EOS; GrammarError if not allowed."""
-        key = (state, token_id)
-        nxt = self._next.get(key)
-        if nxt is None:
-            if not self.allows(state, token_id):
-                raise GrammarError(f"token {token_id} is not allowed in state {state}")
-            if token_id in self.eos_ids:
-                nxt = FINISHED
-            else:
-                nxt = self._timed(lambda: self.dfa.walk(self.vocab.token_bytes[token_id], state))
-            self._next[key] = nxt
-        return nxt
+    advance = TokenIndex.advance  # the state after a token, cached (GrammarError if refused)
+
+    def _token_end(self, state: int, token_id: int) -> int:
+        return self._timed(lambda: self.dfa.walk(self.vocab.token_bytes[token_id], state))
 
     def forced_token(self, state: int) -> int | None:
         """The only allowed token when there is exactly one and it is not EOS."""
@@ -143,15 +134,6 @@ class LazyTokenIndex:
             self.mask_seconds.append(time.perf_counter() - t0)
         return words
 
-    def _looping_nodes(self, loops: np.ndarray) -> np.ndarray:
-        """[N] bool: trie nodes whose every byte is in `loops` [256]."""
-        trie = self.trie
-        ok = loops[trie.label]
-        for d in range(2, len(trie.offsets)):
-            lo, hi = trie.offsets[d - 1], trie.offsets[d]
-            ok[lo:hi] &= ok[trie.parent[lo:hi]]
-        return ok
-
     def _walk(self, start: int) -> np.ndarray:
         """[W * 32] end state per token id from `start` (DEAD: some byte has no edge, or no
         bytes; TRAP: the walk pushed or popped)."""
@@ -163,7 +145,7 @@ class LazyTokenIndex:
         if dfa.nested and dfa.calls[start] != DEAD:
             loops &= ~_OPEN
         if loops.any():
-            looping = self._looping_nodes(loops)
+            looping = looping_nodes(trie, loops)
             parent_looping = np.where(self._has_parent, looping[self._parent], True)
             node = np.flatnonzero(parent_looping & ~looping)
             node_state[:n][looping] = start

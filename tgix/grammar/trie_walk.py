@@ -11,6 +11,16 @@ from tgix.grammar.token_trie import Trie
 _PAIR_BUDGET = 1 << 22  # (state, node) pairs per batch: bounds memory at ~100 MB
 
 
+def looping_nodes(trie: Trie, loops: np.ndarray) -> np.ndarray:
+    """[N] bool: nodes whose every label is in `loops` [labels] (from the state the walk
+    starts in, the path stays put: settled without walking)."""
+    ok = loops[trie.label]
+    for d in range(2, len(trie.offsets)):
+        lo, hi = trie.offsets[d - 1], trie.offsets[d]
+        ok[lo:hi] &= ok[trie.parent[lo:hi]]
+    return ok
+
+
 class TrieWalker:
     """Steps batches of states through the collapsed trie; returns per state the end state
     of every token id [num_ids] (DEAD where some byte has no transition, or no bytes)."""
@@ -26,15 +36,6 @@ class TrieWalker:
         self.table_c = table_c
         self.has_parent = trie.parent >= 0
         self.parent = np.maximum(trie.parent, 0)
-
-    def _looping_nodes(self, loops: np.ndarray) -> np.ndarray:
-        """[N] bool: nodes whose every class is in `loops` [C] (the path stays put)."""
-        trie = self.trie
-        ok = loops[trie.label]
-        for d in range(2, len(trie.offsets)):
-            lo, hi = trie.offsets[d - 1], trie.offsets[d]
-            ok[lo:hi] &= ok[trie.parent[lo:hi]]
-        return ok
 
     def batches(self, states: list[int]):
         size = max(1, _PAIR_BUDGET // max(self.trie.num_nodes, 1))
@@ -59,7 +60,7 @@ class TrieWalker:
                 origins.append(np.full(len(level1), i))
                 nodes.append(level1)
                 continue
-            looping = self._looping_nodes(loops[i])
+            looping = looping_nodes(self.trie, loops[i])
             parent_looping = np.where(self.has_parent, looping[self.parent], True)
             leaving = np.flatnonzero(parent_looping & ~looping)
             node_state[i, :n] = looping if alive_only else np.where(looping, start[i], DEAD)
