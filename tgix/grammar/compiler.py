@@ -10,8 +10,9 @@ the caller's thread (tests, benchmarks).
 Lazy (`lazy=True`, the engine's choice): a grammar not in a cache is built lazily
 (tgix.grammar.lazy_index) in one thread of this process, usable once its start state's mask
 is ready; masks of later states are built when generation reaches them. The eager compile
-still runs in the worker processes, and when it succeeds its index (and the disk cache entry)
-takes over for later requests; requests already running keep the lazy one.
+still runs in the worker processes (at a lower CPU priority: it is background work), and when
+it succeeds its index (and the disk cache entry) takes over for later requests; requests
+already running keep the lazy one.
 
 Two lanes of `workers` processes each: specs up to SMALL_SPEC_CHARS (a regex, a short schema)
 and larger ones, so a burst of expensive grammars (six 10,000-value enums took 39 s) never
@@ -22,6 +23,7 @@ running; past that a compile fails at once with GrammarBusy (the server's 429).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -48,6 +50,9 @@ logger = logging.getLogger(__name__)
 _WORKER_MEMORY_BYTES = 8 << 30  # address-space cap per worker: a runaway compile fails alone
 SMALL_SPEC_CHARS = 2048  # specs up to this size compile in the small lane
 QUEUE_LIMIT = 32  # compiles queued or running per lane
+# Lazy mode's eager compiles only replace an index that already works: they yield the CPU
+# to the engine (on 2 cores one at normal priority slowed a new schema's first token).
+BACKGROUND_NICENESS = 10
 
 
 class GrammarBusy(GrammarError):
@@ -198,7 +203,7 @@ class GrammarCompiler:
                     self.workers,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_worker_init,
-                    initargs=(self.vocab,),
+                    initargs=(self.vocab, BACKGROUND_NICENESS if self.lazy else 0),
                 )
 
         def done(f: Future) -> None:
@@ -278,7 +283,10 @@ class GrammarCompiler:
 _worker: dict = {}
 
 
-def _worker_init(vocab: TokenVocabulary) -> None:
+def _worker_init(vocab: TokenVocabulary, niceness: int = 0) -> None:
+    if niceness:
+        with contextlib.suppress(OSError):
+            os.nice(niceness)
     try:
         import resource
 

@@ -28,20 +28,11 @@ from tgix.grammar import regex_tree as rt
 from tgix.grammar.automaton import DEAD, ByteDFA
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_any import NESTED
+from tgix.grammar.lazy_shared import COMMON, Shared, unless_empty
 from tgix.grammar.nfa import Nfa, build, check_deadline
 
 UNKNOWN = -2  # a row not computed yet
 SHARED_LEAF_CHARS = 24  # regex leaves longer than this get one automaton per grammar
-
-
-class _Shared:
-    """What the automata of one grammar share: the deadline (set by the caller before each
-    batch of work), the state budget, the sub-automata by node."""
-
-    def __init__(self, max_states: int, deadline: float, singles):
-        self.max_states, self.deadline, self.states = max_states, deadline, 0
-        self.singles = singles
-        self.machines: dict[rt.Node, LazyDFA | None] = {}
 
 
 class LazyDFA:
@@ -65,13 +56,13 @@ class LazyDFA:
         deadline: float,
         container=None,
         singles=None,
-        shared: _Shared | None = None,
+        shared: Shared | None = None,
     ):
         """container: a zero-argument callable giving G (pushdown.container_dfa), called only
         when the automaton reads NESTED (top level only). singles [256] bool: the bytes the
         vocabulary has as one-byte tokens; `token_live[s]`: s reaches acceptance through
         them alone (what a token mask may lead to)."""
-        self.shared = shared = shared or _Shared(max_states, deadline, singles)
+        self.shared = shared = shared or Shared(max_states, deadline, singles)
         nfa = _CallingNfa(self)
         self.calls_into: dict[int, _Call] = {}
 
@@ -136,12 +127,7 @@ class LazyDFA:
         None: its language is empty."""
         machines = self.shared.machines
         if node not in machines:
-            try:
-                machines[node] = self._new_machine(node)
-            except GrammarError as exc:
-                if "matches no string" not in str(exc):
-                    raise
-                machines[node] = None
+            machines[node] = unless_empty(lambda: self._new_machine(node))
         return machines[node]
 
     def _new_machine(self, node: rt.Node):
@@ -163,18 +149,21 @@ class LazyDFA:
         raise GrammarError(f"unknown grammar node {type(node).__name__}")
 
     def _part(self, node: rt.Node):
-        """A side of a product: its own automaton (shared per node), None when empty."""
+        """A side of a product, or a called leaf: its own automaton (one per node in the
+        grammar, and one per process for nodes that other grammars use too, see
+        lazy_shared), None when empty."""
         if isinstance(node, rt.Both | rt.Minus):
             return self._machine(node)
-        machines = self.shared.machines
-        if node not in machines:
-            try:
-                machines[node] = LazyDFA(node, 0, 0.0, shared=self.shared)
-            except GrammarError as exc:
-                if "matches no string" not in str(exc):
-                    raise
-                machines[node] = None
-        return machines[node]
+        shared = self.shared
+        if node not in shared.machines:
+            shared.machines[node] = COMMON.get(
+                node,
+                shared.singles,
+                shared.max_states,
+                lambda common: LazyDFA(node, 0, 0.0, shared=common),
+                lambda: LazyDFA(node, 0, 0.0, shared=shared),
+            )
+        return shared.machines[node]
 
     @property
     def deadline(self) -> float:
@@ -191,14 +180,16 @@ class LazyDFA:
     def row(self, state: int) -> np.ndarray:
         """[256] int32 successors of `state` (computed now if needed)."""
         if self.table[state, 0] == UNKNOWN:
-            self._compute(state)
+            with self.shared.lock:  # a common automaton: another thread may be here
+                if self.table[state, 0] == UNKNOWN:
+                    self._compute(state)
         return self.table[state]
 
     def ensure(self, states: np.ndarray) -> None:
         """Compute the rows of `states` [n] that are still unknown."""
         missing = states[self.table[states, 0] == UNKNOWN]
         for s in np.unique(missing).tolist():
-            self._compute(s)
+            self.row(s)
 
     def step(self, state: int, byte: int) -> int:
         nxt = int(self.table[state, byte])
@@ -376,12 +367,7 @@ class _CallingNfa(Nfa):
         finally:
             body = self.eps, self.edges, owner.calls_into
             self.eps, self.edges, owner.calls_into = saved
-        try:
-            machine = LazyDFA._of_fragment(*body, entry, exit_, owner.shared)
-        except GrammarError as exc:
-            if "matches no string" not in str(exc):
-                raise
-            machine = None
+        machine = unless_empty(lambda: LazyDFA._of_fragment(*body, entry, exit_, owner.shared))
         return self.call(machine, lo, hi)
 
 

@@ -41,10 +41,46 @@ _NONE = np.zeros(0, dtype=np.int32)
 
 
 def single_bytes(vocab: TokenVocabulary) -> np.ndarray:
-    """[256] bool: the bytes some token spells alone."""
-    singles = np.zeros(256, dtype=bool)
-    singles[[b[0] for b in vocab.token_bytes if b is not None and len(b) == 1]] = True
-    return singles
+    """[256] bool: the bytes some token spells alone (read-only; computed once per
+    vocabulary: a pass over every token would cost a new grammar milliseconds)."""
+    return _per_vocab(vocab).singles
+
+
+class _VocabArrays:
+    """What every lazy index over one vocabulary and trie reads: built once, shared."""
+
+    def __init__(self, vocab: TokenVocabulary, trie: Trie | None):
+        self.vocab, self.trie = vocab, trie  # held: the cache is keyed by their ids
+        singles = np.zeros(256, dtype=bool)
+        singles[[b[0] for b in vocab.token_bytes if b is not None and len(b) == 1]] = True
+        singles.flags.writeable = False
+        self.singles = singles
+        if trie is None:
+            return
+        width = -(-vocab.size // 32)
+        self.node_of_id = np.full(width * 32, trie.num_nodes, dtype=np.int64)
+        self.node_of_id[trie.token_ids] = trie.token_node
+        self.level1 = np.arange(trie.offsets[0], trie.offsets[1])
+        self.has_parent = trie.parent >= 0
+        self.parent = np.maximum(trie.parent, 0)
+        self.finished = np.zeros(width, dtype=np.uint32)
+        for e in vocab.eos_ids:
+            self.finished[e // 32] |= np.uint32(1 << (e % 32))
+        for a in (self.node_of_id, self.level1, self.has_parent, self.parent):
+            a.flags.writeable = False
+
+
+_VOCAB_ARRAYS: OrderedDict = OrderedDict()  # (id(vocab), id(trie)) -> _VocabArrays
+
+
+def _per_vocab(vocab: TokenVocabulary, trie: Trie | None = None) -> _VocabArrays:
+    key = (id(vocab), id(trie))
+    found = _VOCAB_ARRAYS.get(key)
+    if found is None:
+        found = _VOCAB_ARRAYS[key] = _VocabArrays(vocab, trie)
+        while len(_VOCAB_ARRAYS) > 8:
+            _VOCAB_ARRAYS.popitem(last=False)
+    return found
 
 
 class LazyTokenIndex:
@@ -58,19 +94,15 @@ class LazyTokenIndex:
         self.budget_s = budget_s
         self.eos_ids = frozenset(vocab.eos_ids)
         self.width = -(-vocab.size // 32)
-        self.node_of_id = np.full(self.width * 32, trie.num_nodes, dtype=np.int64)
-        self.node_of_id[trie.token_ids] = trie.token_node
-        self._level1 = np.arange(trie.offsets[0], trie.offsets[1])
-        self._has_parent = trie.parent >= 0
-        self._parent = np.maximum(trie.parent, 0)
+        shared = _per_vocab(vocab, trie)
+        self.node_of_id, self._level1 = shared.node_of_id, shared.level1
+        self._has_parent, self._parent = shared.has_parent, shared.parent
         self._masks: dict[int, np.ndarray] = {}
         self._forced: dict[int, int] = {}
         self._next: dict[tuple[int, int], int] = {}
         self.trapped: dict[int, np.ndarray] = {}
         self.mask_seconds: list[float] = []  # per computed mask (bounded: see _remember)
-        self._finished = np.zeros(self.width, dtype=np.uint32)
-        for e in vocab.eos_ids:
-            self._finished[e // 32] |= np.uint32(1 << (e % 32))
+        self._finished = shared.finished
 
     @property
     def num_states(self) -> int:

@@ -43,7 +43,10 @@ class LazyProduct:
     def row(self, q: int) -> np.ndarray:
         found = self.rows[q]
         if found is None:
-            found = self.rows[q] = self._compute(q)
+            with self.shared.lock:  # a side of a common automaton (lazy_shared)
+                found = self.rows[q]
+                if found is None:
+                    found = self.rows[q] = self._compute(q)
         return found
 
     # -- pairs ----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ first (`automaton.product`) and embedded back as NFA fragments.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from functools import lru_cache
@@ -33,12 +34,26 @@ class Nfa:
 
     def new(self) -> int:
         if len(self.eps) % 4096 == 0:
-            if len(self.eps) > 20 * self.max_states:
-                raise GrammarError(f"grammar too large (more than {self.max_states} states)")
-            check_deadline(self.deadline)
+            self._check()
         self.eps.append([])
         self.edges.append([])
         return len(self.eps) - 1
+
+    def paste(self, template: Template) -> tuple[int, int]:
+        """A fresh copy of a fragment built once (`leaf_template`): its states renumbered
+        past the current ones, in one pass instead of a walk of the regex's syntax tree."""
+        eps, edges, entry, exit_ = template
+        base = len(self.eps)
+        if (base + len(eps)) // 4096 != base // 4096:
+            self._check()
+        self.eps.extend([base + v for v in out] for out in eps)
+        self.edges.extend([(lo, hi, base + t) for lo, hi, t in out] for out in edges)
+        return base + entry, base + exit_
+
+    def _check(self) -> None:
+        if len(self.eps) > 20 * self.max_states:
+            raise GrammarError(f"grammar too large (more than {self.max_states} states)")
+        check_deadline(self.deadline)
 
     def chars(self, sequences: list[utf8.ByteRanges]) -> tuple[int, int]:
         entry, exit_ = self.new(), self.new()
@@ -116,9 +131,69 @@ def _class_sequences(chars: frozenset[str], negated: bool, fold: bool) -> list:
     return [seq for lo, hi in ranges for seq in utf8.byte_sequences(lo, hi)]
 
 
+# A fragment as (eps, edges, entry, exit) with states numbered from 0 (see Nfa.paste).
+_Edges = tuple[tuple[int, int, int], ...]
+Template = tuple[tuple[tuple[int, ...], ...], tuple[_Edges, ...], int, int]
+TEMPLATE_STATES = 256  # regex leaves whose fragment is larger are built anew each time
+
+
+_META = r"\\.^$*+?{}\[\]()|"
+_LITERAL = re.compile(rf"(?:\\[{_META}/-]|\\x[0-9a-fA-F]{{2}}|[^{_META}])*")
+_PIECE = re.compile(r"\\x([0-9a-fA-F]{2})|\\(.)|(.)", re.S)
+
+
+def _literal_bytes(source: str) -> bytes | None:
+    """The UTF-8 of the one text a regex source matches when it is a literal
+    (regex_tree.escape's output, plain words), else None (parsed as a regex)."""
+    if len(source) > TEMPLATE_STATES or not _LITERAL.fullmatch(source):
+        return None
+    text = "".join(chr(int(h, 16)) if h else e or c for h, e, c in _PIECE.findall(source))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: left to the regex path's rules
+        return None
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Scratch(Nfa):
+    """Where a template is built: gives up as soon as it outgrows TEMPLATE_STATES."""
+
+    def __init__(self):
+        super().__init__(TEMPLATE_STATES, float("inf"))
+
+    def new(self) -> int:
+        if len(self.eps) >= TEMPLATE_STATES:
+            raise _TooLarge
+        return super().new()
+
+
+@lru_cache(maxsize=4096)
+def leaf_template(source: str) -> Template | None:
+    """A regex leaf's fragment, built once per process: schemas repeat the same few leaves
+    (quotes, separators, keys, string bodies) many times over. None when it is too large to
+    be worth copying (it is then built in place, where a calling NFA may share its parts)."""
+    data = _literal_bytes(source)
+    if data is not None:  # a key, a quote, an enum value: a chain of bytes, no parse
+        edges = tuple(((b, b, i + 1),) for i, b in enumerate(data)) + ((),)
+        return ((),) * (len(data) + 1), edges, 0, len(data)
+    scratch = _Scratch()
+    try:
+        entry, exit_ = _pattern(scratch, _parse(source), ip.REFlags(0))
+    except _TooLarge:
+        return None
+    eps = tuple(tuple(out) for out in scratch.eps)
+    return eps, tuple(tuple(out) for out in scratch.edges), entry, exit_
+
+
 def build(nfa: Nfa, node: rt.Node, embed_dfa: Callable) -> tuple[int, int]:
     """Fragment for a tree node; `embed_dfa(nfa, node)` handles Both / Minus."""
     if isinstance(node, rt.Regex):
+        template = leaf_template(node.source)
+        if template is not None:
+            return nfa.paste(template)
         return _pattern(nfa, _parse(node.source), ip.REFlags(0))
     if isinstance(node, rt.RawByte):
         return nfa.chars([[(node.value, node.value)]])
