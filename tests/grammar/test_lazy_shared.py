@@ -5,13 +5,15 @@ index whoever builds a shared row first (threads included), literal leaves as by
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from tgix.grammar import GrammarSpec
+from tgix.grammar import GrammarError, GrammarSpec
 from tgix.grammar import regex_tree as rt
 from tgix.grammar.automaton import DEAD
 from tgix.grammar.json_any import any_value_tree
@@ -21,7 +23,7 @@ from tgix.grammar.lazy_shared import COMMON, CommonMachines
 from tgix.grammar.nfa import _literal_bytes, leaf_template
 from tgix.grammar.pipeline import compile_arrays, compile_lazy
 
-from .test_lazy import OPTIONS, real  # noqa: F401  (the module fixture)
+from .test_lazy import MASKBENCH, OPTIONS, real  # noqa: F401  (the module fixture)
 
 
 def _schema(key: str, nested: str) -> GrammarSpec:
@@ -40,7 +42,9 @@ def _machines(index):
 def _any_value_machine(index):
     """The called automaton of the unconstrained value."""
     node = any_value_tree(Context(OPTIONS), False)
-    return _machines(index)[node]
+    found, machine = _machines(index).find(node)
+    assert found
+    return machine
 
 
 def test_a_node_is_shared_from_the_second_grammar_that_uses_it(real):  # noqa: F811
@@ -52,10 +56,12 @@ def test_a_node_is_shared_from_the_second_grammar_that_uses_it(real):  # noqa: F
     third = compile_lazy(_schema("c", "z"), vocab, trie, OPTIONS)
     assert _any_value_machine(second) is _any_value_machine(third)
     assert _any_value_machine(first) is not _any_value_machine(second)
-    shared = set(COMMON._machines)
-    for index in (first, second, third):  # each schema's own member object stays its own
-        own = [n for n in _machines(index) if '"x"' in repr(n) or '"z"' in repr(n)]
-        assert not any(key[0] in own for key in shared)
+    assert rt.digest(any_value_tree(Context(OPTIONS), False).parts[0]) in COMMON.names()
+    shared = {id(m) for _, m in COMMON._machines.values()}
+    kept = [{id(m) for m in _machines(i).values()} for i in (first, second, third)]
+    for i, own in enumerate(kept):  # each schema's own objects stay with its grammar
+        own = own - set().union(*(k for j, k in enumerate(kept) if j != i))
+        assert own and not own & shared
 
 
 def test_shared_rows_give_the_eager_masks_whichever_grammar_or_thread_builds_them(real):  # noqa: F811
@@ -101,8 +107,13 @@ def test_the_common_cache_keys_on_budget_and_drops_the_least_recent():
     cache = CommonMachines(capacity=2)
 
     def get(node, max_states=10):
-        own = lambda: ("own", node)
-        return cache.get(node, None, max_states, lambda s: built.append(node) or node, own)
+        found, machine = cache.lookup(node, None, max_states)
+        if found:
+            return machine
+        if not machine:  # seen for the first time: the caller's own
+            return ("own", node)
+        built.append(node)
+        return cache.store(node, None, max_states, node)
 
     assert get(rt.Regex("a")) == ("own", rt.Regex("a"))
     assert get(rt.Regex("a")) == rt.Regex("a") and built == [rt.Regex("a")]
@@ -111,7 +122,7 @@ def test_the_common_cache_keys_on_budget_and_drops_the_least_recent():
     for leaf in ("b", "c"):
         get(rt.Regex(leaf))
         get(rt.Regex(leaf))
-    assert len(cache._machines) == 2 and (rt.Regex("a"), None, 10) not in cache._machines
+    assert len(cache._machines) == 2 and rt.digest(rt.Regex("a")) not in cache.names()
 
 
 @pytest.mark.parametrize(
@@ -139,3 +150,16 @@ def test_a_template_too_large_to_copy_is_built_in_place():
     dfa = LazyDFA(rt.Regex("[0-9a-f]{300}"), 10_000, float("inf"))
     full, short = dfa.walk(b"a" * 300), dfa.walk(b"a" * 299)  # (walks grow `accepting`)
     assert dfa.accepting[full] and not dfa.accepting[short]
+
+
+@pytest.mark.skipif(not MASKBENCH.exists(), reason="../shared/data/maskbench not beside the repo")
+def test_mutually_recursive_refs_stop_at_the_time_budget_in_a_lazy_compile(real):  # noqa: F811
+    """wp_8's $refs recompile at every unrolled depth (minutes); a lazy compile runs in a
+    thread, where no SIGALRM can stop it, so the conversion checks the budget itself."""
+    _, vocab, trie = real
+    schema = json.loads((MASKBENCH / "WashingtonPost---wp_8_Normalized.json").read_text())
+    options = dataclasses.replace(OPTIONS, timeout_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(GrammarError, match="time budget"):
+        compile_lazy(GrammarSpec.json(json.dumps(schema["schema"])), vocab, trie, options)
+    assert time.monotonic() - started < 5

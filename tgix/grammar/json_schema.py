@@ -26,6 +26,8 @@ raise `GrammarError` naming the keyword.
 
 from __future__ import annotations
 
+import time
+
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_any import any_value_tree
 from tgix.grammar.json_arrays import array_node
@@ -69,6 +71,7 @@ from tgix.grammar.json_objects import object_node
 from tgix.grammar.json_oneof import compile_one_of
 from tgix.grammar.json_refs import Resolver
 from tgix.grammar.json_strings import as_tuple, string_node
+from tgix.grammar.nfa import check_deadline
 from tgix.grammar.options import GrammarOptions
 from tgix.grammar.regex_tree import Node, Regex, literal
 
@@ -95,6 +98,9 @@ class Converter:
             raise GrammarError("a JSON Schema must be an object or a boolean")
         self.root = root
         self.options = options
+        # Mutually recursive $refs are recompiled at every unrolled depth: bounded by the
+        # compile's time budget here too (a lazy compile runs in a thread, no SIGALRM).
+        self.deadline = time.monotonic() + options.timeout_s
         self.ctx = Context(options)
         marker = root.get("$schema", "") if isinstance(root, dict) else ""
         marker = marker if isinstance(marker, str) else ""
@@ -146,6 +152,7 @@ class Converter:
     # --- composition --------------------------------------------------------------------
 
     def compile(self, schema: object) -> Node:
+        check_deadline(self.deadline)
         if schema is True:
             return self.any_value()
         if schema is False:

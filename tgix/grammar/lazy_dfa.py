@@ -28,7 +28,7 @@ from tgix.grammar import regex_tree as rt
 from tgix.grammar.automaton import DEAD, ByteDFA
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_any import NESTED
-from tgix.grammar.lazy_shared import COMMON, Shared, unless_empty
+from tgix.grammar.lazy_shared import COMMON, Shared, empty_or_raise
 from tgix.grammar.nfa import Nfa, build, check_deadline
 
 UNKNOWN = -2  # a row not computed yet
@@ -125,10 +125,14 @@ class LazyDFA:
         """The shared automaton of an intersection or difference node (a one-part
         intersection, json_common.atomic, is its part's own LazyDFA; others a LazyProduct);
         None: its language is empty."""
-        machines = self.shared.machines
-        if node not in machines:
-            machines[node] = unless_empty(lambda: self._new_machine(node))
-        return machines[node]
+        found, machine = self.shared.machines.find(node)
+        if not found:
+            try:
+                machine = self._new_machine(node)
+            except GrammarError as exc:
+                machine = empty_or_raise(exc)
+            self.shared.machines.put(node, machine)
+        return machine
 
     def _new_machine(self, node: rt.Node):
         from tgix.grammar.lazy_product import LazyProduct
@@ -155,15 +159,20 @@ class LazyDFA:
         if isinstance(node, rt.Both | rt.Minus):
             return self._machine(node)
         shared = self.shared
-        if node not in shared.machines:
-            shared.machines[node] = COMMON.get(
-                node,
-                shared.singles,
-                shared.max_states,
-                lambda common: LazyDFA(node, 0, 0.0, shared=common),
-                lambda: LazyDFA(node, 0, 0.0, shared=shared),
-            )
-        return shared.machines[node]
+        found, machine = shared.machines.find(node)
+        if not found:
+            found, machine = COMMON.lookup(node, shared.singles, shared.max_states)
+            if not found:
+                share = machine
+                owner = Shared(shared.max_states, float("inf"), shared.singles) if share else shared
+                try:
+                    machine = LazyDFA(node, 0, 0.0, shared=owner)
+                except GrammarError as exc:
+                    machine = empty_or_raise(exc)
+                if share:
+                    machine = COMMON.store(node, shared.singles, shared.max_states, machine)
+            shared.machines.put(node, machine)
+        return machine
 
     @property
     def deadline(self) -> float:
@@ -367,7 +376,10 @@ class _CallingNfa(Nfa):
         finally:
             body = self.eps, self.edges, owner.calls_into
             self.eps, self.edges, owner.calls_into = saved
-        machine = unless_empty(lambda: LazyDFA._of_fragment(*body, entry, exit_, owner.shared))
+        try:
+            machine = LazyDFA._of_fragment(*body, entry, exit_, owner.shared)
+        except GrammarError as exc:
+            machine = empty_or_raise(exc)
         return self.call(machine, lo, hi)
 
 

@@ -11,6 +11,7 @@ back to one regex string (`to_regex`), also the form used in error messages.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, fields
 
 _SPECIAL = set("\\.^$*+?{}[]()|/-")
@@ -49,16 +50,53 @@ def _hash_field():
     return field(init=False, repr=False, compare=False, default=0)
 
 
+def _digest_field():
+    return field(init=False, repr=False, compare=False, default=b"")
+
+
+def digest(node: Node) -> bytes:
+    """16 bytes naming a tree's content: equal trees, equal digests. Cached on inner nodes,
+    so it costs one pass over a tree's distinct node objects, where `==` on two equal but
+    distinct trees walks every path (exponential in a tree whose subtrees are shared, as
+    unrolled recursive `$ref`s are). What cross-grammar caches key on."""
+    if isinstance(node, Regex):
+        return hashlib.blake2b(
+            b"r" + node.source.encode("utf-8", "surrogatepass"), digest_size=16
+        ).digest()
+    if isinstance(node, RawByte):
+        return bytes([node.value]) * 16
+    found = node._digest
+    if not found:
+        h = hashlib.blake2b(type(node).__name__.encode(), digest_size=16)
+        for f in fields(node):
+            if not f.compare:
+                continue
+            value = getattr(node, f.name)
+            if isinstance(value, tuple):
+                h.update(b"(%d" % len(value))
+                for part in value:
+                    h.update(digest(part))
+            elif isinstance(value, int | None):
+                h.update(b"i" + repr(value).encode())
+            else:
+                h.update(digest(value))
+        found = h.digest()
+        object.__setattr__(node, "_digest", found)
+    return found
+
+
 @dataclass(frozen=True, slots=True)
 class Seq(_CachedHash):
     parts: tuple[Node, ...]
     _hash: int = _hash_field()
+    _digest: bytes = _digest_field()
 
 
 @dataclass(frozen=True, slots=True)
 class Alt(_CachedHash):
     options: tuple[Node, ...]
     _hash: int = _hash_field()
+    _digest: bytes = _digest_field()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +107,7 @@ class Repeat(_CachedHash):
     lo: int
     hi: int | None
     _hash: int = _hash_field()
+    _digest: bytes = _digest_field()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +116,7 @@ class Both(_CachedHash):
 
     parts: tuple[Node, ...]
     _hash: int = _hash_field()
+    _digest: bytes = _digest_field()
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +127,7 @@ class Minus(_CachedHash):
     keep: Node
     drop: Node
     _hash: int = _hash_field()
+    _digest: bytes = _digest_field()
 
 
 for _cls in (Seq, Alt, Repeat, Both, Minus):
