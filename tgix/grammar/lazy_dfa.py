@@ -161,9 +161,11 @@ class LazyDFA:
         shared = self.shared
         found, machine = shared.machines.find(node)
         if not found:
-            found, machine = COMMON.lookup(node, shared.singles, shared.max_states)
-            if not found:
-                share = machine
+            found, value = COMMON.lookup(node, shared.singles, shared.max_states)
+            if found:
+                machine = value
+            else:
+                share = value  # an earlier grammar used it: build it for all
                 owner = Shared(shared.max_states, float("inf"), shared.singles) if share else shared
                 try:
                     machine = LazyDFA(node, 0, 0.0, shared=owner)

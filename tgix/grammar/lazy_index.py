@@ -51,11 +51,13 @@ class _VocabArrays:
 
     def __init__(self, vocab: TokenVocabulary, trie: Trie | None):
         self.vocab, self.trie = vocab, trie  # held: the cache is keyed by their ids
-        singles = np.zeros(256, dtype=bool)
-        singles[[b[0] for b in vocab.token_bytes if b is not None and len(b) == 1]] = True
-        singles.flags.writeable = False
-        self.singles = singles
-        if trie is None:
+        if trie is not None:  # the vocabulary's entry holds the one-byte set
+            self.singles = _per_vocab(vocab).singles
+        else:
+            singles = np.zeros(256, dtype=bool)
+            singles[[b[0] for b in vocab.token_bytes if b is not None and len(b) == 1]] = True
+            singles.flags.writeable = False
+            self.singles = singles
             return
         width = -(-vocab.size // 32)
         self.node_of_id = np.full(width * 32, trie.num_nodes, dtype=np.int64)

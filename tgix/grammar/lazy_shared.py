@@ -78,7 +78,6 @@ class CommonMachines:
         self._machines: OrderedDict = OrderedDict()
         self._seen: OrderedDict = OrderedDict()  # keys some grammar built for itself
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
 
     def lookup(self, node, singles, max_states: int) -> tuple[bool, object]:
         """(True, the shared automaton or None for an empty language), or (False, share):
@@ -89,7 +88,6 @@ class CommonMachines:
         with self._lock:
             entry = self._machines.get(key)
             if entry is not None and (entry[0] is node or digest(entry[0]) == digest(node)):
-                self.hits += 1
                 self._machines.move_to_end(key)
                 return True, entry[1]
             share = key in self._seen  # (a hash collision here only shares a node early)
@@ -103,7 +101,6 @@ class CommonMachines:
         """Keep `machine` for every grammar; returns the one kept (a racing build loses)."""
         key = _key(node, singles, max_states)
         with self._lock:
-            self.misses += 1
             entry = self._machines.get(key)
             if entry is not None and digest(entry[0]) == digest(node):
                 return entry[1]
