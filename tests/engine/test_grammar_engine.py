@@ -224,3 +224,40 @@ def test_a_lazy_grammar_past_its_budget_ends_its_request_alone(engine):
         list(streams[0])
     *_, final = streams[1]
     assert ids(final) == alone and final.finish_reason == "length"
+
+
+def test_rows_held_for_a_mask_built_off_the_engine_thread_get_the_same_ids(engine):
+    """With no wait budget every new state's mask is built on the mask builder's thread while
+    its row sits steps out: the ids equal a second run over the masks now built (no row
+    held), the output is in the language, and the unconstrained row beside it gets its ids
+    alone (pages: checked by the conftest)."""
+    fresh = "k" + uuid.uuid4().hex[:6]  # a new grammar: built lazily, not from the disk cache
+    schema = {
+        "type": "object",
+        "properties": {fresh: {"type": "string", "maxLength": 6}, "n": {"type": "integer"}},
+        "required": [fresh, "n"],
+        "additionalProperties": False,
+    }
+    grammar = engine.grammar_compiler.compile(GrammarSpec.json(schema))
+    assert grammar.stats.get("lazy")
+    plain = greedy(16, prompt_ids=prompt(71, 6))
+    alone = ids(run(engine, plain))
+    masks = engine.mask_builder
+    budget, held = masks.budget_s, masks.held
+    masks.budget_s = 0.0
+    try:
+        streams = [
+            engine.submit(greedy(40, prompt_ids=prompt(70, 6), grammar=grammar)),
+            engine.submit(plain),
+        ]
+        *_, first = streams[0]
+        *_, other = streams[1]
+    finally:
+        masks.budget_s = budget
+    assert masks.held > held
+    held = masks.held
+    again = run(engine, greedy(40, prompt_ids=prompt(70, 6), grammar=grammar))
+    assert masks.held == held  # every mask it needs is built now
+    assert ids(first) == ids(again) and ids(other) == alone
+    if first.finish_reason == "eos_token":
+        json.loads(text(engine, first))

@@ -137,9 +137,18 @@ def test_the_start_is_usable_before_the_rest_is_built(real):
     start_mask = lazy.mask(lazy.start).copy()
     lazy.budget_s = -1.0
     brace = real[0].encode("{", add_special_tokens=False)[0]
+    after = lazy.advance(lazy.start, brace)
+    assert lazy.has_mask(lazy.start) and not lazy.has_mask(after)
     with pytest.raises(GrammarError, match="time budget"):
-        lazy.mask(lazy.advance(lazy.start, brace))
+        lazy.mask(after)
     assert np.array_equal(lazy.mask(lazy.start), start_mask)
+    # the failure is kept: asking again (the engine thread after the mask builder's thread)
+    # raises it at once, even with time to spare now, and builds nothing more
+    lazy.budget_s, builds = 30.0, len(lazy.mask_seconds)
+    assert lazy.has_mask(after)
+    with pytest.raises(GrammarError, match="time budget"):
+        lazy.mask(after)
+    assert len(lazy.mask_seconds) == builds
 
 
 def test_a_state_budget_is_shared_by_every_state_of_the_grammar(real):
@@ -151,3 +160,58 @@ def test_a_state_budget_is_shared_by_every_state_of_the_grammar(real):
         for t in real[0].encode("abcdefghij" * 10, add_special_tokens=False):
             state = lazy.advance(state, t)
             lazy.mask(state)
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_masks_built_on_a_thread_while_another_advances_equal_the_eager_ones(real, nested):
+    """The engine's mask builder (engine.mask_builder) builds states' masks on its thread
+    while the engine thread advances other rows on the same grammar: each thread replays
+    its own texts on one lazy grammar, with a builder thread asked for every state first."""
+    import threading
+
+    from tgix.engine.mask_builder import MaskBuilder
+
+    hf = real[0]
+    if nested:
+        options = GrammarOptions(any_value_depth=0, timeout_s=30)
+        spec = GrammarSpec.json({"type": "object"})
+        texts = ['{"a": [[{"b": [1, {"c": "]}"}]}], []]}', '{"d": {"e": [true, null]}}']
+    else:
+        options = OPTIONS
+        spec = GrammarSpec.json(SCHEMA_FOR_THREADS)
+        texts = ['{"name": "Ada", "age": 36, "tags": ["x"]}', '{"name": "Bo", "age": 7}']
+    lazy, eager = both(real, spec, options)
+    builder = MaskBuilder(0.0)
+    errors: list[BaseException] = []
+
+    def replay(text: str) -> None:
+        try:
+            a, b = lazy.start, eager.start
+            for t in hf.encode(text, add_special_tokens=False):
+                builder.wait(lazy, a)  # queued on the builder's thread, not waited for
+                assert np.array_equal(lazy.mask(a), eager.mask(b))
+                a, b = lazy.advance(a, t), eager.advance(b, t)
+            assert lazy.is_accepting(a) and eager.is_accepting(b)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=replay, args=(t,)) for t in texts * 2]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        builder.close()
+    assert not errors, errors
+
+
+SCHEMA_FOR_THREADS = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "age"],
+}

@@ -10,7 +10,7 @@ a grammar's forced continuation is appended right after it (fast-forward).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tgix.engine.plan import PlanRow, StepResult, TokenChoice
 from tgix.engine.request import GenerationError
@@ -44,10 +44,18 @@ def step_result(rows: Sequence[PlanRow], out) -> StepResult:
 
 
 def commit_token(
-    seq: RequestState, choice: TokenChoice, *, at_length: bool, fast_forward: bool
+    seq: RequestState,
+    choice: TokenChoice,
+    *,
+    at_length: bool,
+    fast_forward: bool,
+    mask_ready: Callable[[RequestState], bool] = lambda seq: True,
 ) -> tuple[list, str | GenerationError | None]:
     """Events for one accepted token (already in seq.output_ids) and the finish reason, or
-    the error that ends the request. Returns (events, reason)."""
+    the error that ends the request. Returns (events, reason). `mask_ready(seq)`: whether
+    the grammar's mask at seq's state is built (engine.mask_builder waits a bounded time);
+    the fast-forward stops at a state whose mask is not, and sampling finds its forced
+    token instead (the only token that mask allows: the same id)."""
     if not math.isfinite(choice.logprob) and choice.logprob != -math.inf:
         return [], GenerationError("non-finite logits", "generation")
     if seq.grammar_failure is not None or not seq.advance_grammar(choice.token_id):
@@ -57,20 +65,20 @@ def commit_token(
     events, reason = seq.output.add(choice.token_id, choice.logprob, top, at_length=at_length)
     items: list = list(events)
     if reason is None and fast_forward and seq.request.grammar is not None:
-        reason = _append_forced_tokens(seq, items)
+        reason = _append_forced_tokens(seq, items, mask_ready)
         if seq.grammar_failure is not None:
             return items, GenerationError(f"grammar: {seq.grammar_failure}", "generation")
     return items, reason
 
 
-def _append_forced_tokens(seq: RequestState, items: list) -> str | None:
+def _append_forced_tokens(seq: RequestState, items: list, mask_ready) -> str | None:
     """Append the grammar's forced continuation (the only allowed token, again and again)
     without sampling: the tokens are emitted now with logprob 0 (probability 1 under the
     mask) and the scheduler feeds them to the model with the next step's row. Stops one
     token short of max_new_tokens so the step still samples."""
     room = seq.max_new_tokens - len(seq.output_ids) - 1
     reason = None
-    while room > 0 and reason is None:
+    while room > 0 and reason is None and mask_ready(seq):
         try:
             forced = seq.request.grammar.forced_token(seq.grammar_state)
         except ValueError as exc:  # GrammarError: a lazy grammar's budget (see token_mask)

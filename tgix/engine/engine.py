@@ -13,7 +13,8 @@ serving the others; a watchdog (`healthy`) reports whether steps still complete.
 
 This module holds the thread and its loop; each request's admission, token delivery and end
 are live_requests.py, the counters behind `stats()` engine_stats.py, a step's per-row
-sampling and masks step_inputs.py.
+sampling and masks step_inputs.py, the thread that builds lazily built grammars' masks
+while steps run mask_builder.py (a row whose next mask is not ready sits steps out).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from tgix.engine.commit import step_result
 from tgix.engine.engine_stats import EngineStats
 from tgix.engine.live_requests import NO_ROOM, LiveRequests
+from tgix.engine.mask_builder import DEFAULT_WAIT_MS, MaskBuilder
 from tgix.engine.plan import StepPlan
 from tgix.engine.prewarm import Prewarmer
 from tgix.engine.request import EngineLimits, GenerationError, GenerationRequest
@@ -67,6 +69,7 @@ class Engine:
         on_step: StepHook | None = None,
         overlap: bool = True,
         prewarm: bool = False,
+        mask_wait_s: float | None = DEFAULT_WAIT_MS / 1000,
     ):
         self.runner, self.scheduler = runner, scheduler
         self.tokenizer, self.limits = tokenizer, limits
@@ -83,6 +86,7 @@ class Engine:
             limits,
             prompt_logprobs=prompt_logprobs,
             fast_forward=bool(runner.config.buckets.mixed_tokens),
+            masks=MaskBuilder(mask_wait_s, on_ready=self._wake.set),
         )
         self._stopping = False
         self._ready = False
@@ -135,6 +139,11 @@ class Engine:
     def stats(self) -> dict[str, float]:
         return dict(self._stats.current)
 
+    @property
+    def mask_builder(self) -> MaskBuilder:
+        """Builds lazy grammars' masks off this thread (its `budget_s` may be changed live)."""
+        return self._live.masks
+
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop the loop; every unfinished request ends with a "shutdown" error."""
         self._stopping = True
@@ -143,6 +152,7 @@ class Engine:
         if self.runner.broadcast is not None:  # the other processes of a group stop too
             self.runner.broadcast(("stop",))
             self.runner.broadcast = None
+        self._live.masks.close()
         if self.grammar_compiler is not None:
             self.grammar_compiler.close()
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 
 from tgix.engine.best_of import BestOfGroup
 from tgix.engine.commit import commit_token
+from tgix.engine.mask_builder import MaskBuilder
 from tgix.engine.plan import StepResult
 from tgix.engine.request import EngineLimits, GenerationError, GenerationRequest
 from tgix.engine.request_state import RequestState, new_request_state
@@ -40,11 +41,13 @@ class LiveRequests(Mapping[str, RequestState]):
         *,
         prompt_logprobs: bool,
         fast_forward: bool,
+        masks: MaskBuilder | None = None,
     ):
         self.scheduler = scheduler
         self._tokenizer, self._limits = tokenizer, limits
         self._prompt_logprobs = prompt_logprobs
         self._fast_forward = fast_forward
+        self.masks = masks or MaskBuilder.inline()
         self._states: dict[str, RequestState] = {}
         self.fast_forwarded = 0
 
@@ -131,7 +134,11 @@ class LiveRequests(Mapping[str, RequestState]):
         """One accepted token to its stream; False once the request has ended."""
         before = len(seq.output_ids)
         items, reason = commit_token(
-            seq, choice, at_length=at_length, fast_forward=self._fast_forward
+            seq,
+            choice,
+            at_length=at_length,
+            fast_forward=self._fast_forward,
+            mask_ready=self._mask_ready,
         )
         self.fast_forwarded += len(seq.output_ids) - before
         if isinstance(reason, GenerationError):
@@ -149,7 +156,21 @@ class LiveRequests(Mapping[str, RequestState]):
         if items and not seq.emit(items) and reason is None:
             self.finish(seq.request_id, None)  # the reader is gone
             return False
+        if reason is None and not seq.waiting_for_mask:
+            self._mask_ready(seq)  # its next mask: built, or the row is held meanwhile
         return reason is None
+
+    def _mask_ready(self, seq: RequestState) -> bool:
+        """Whether the grammar's mask at seq's state is built, after a bounded wait; if not,
+        the row is held (the scheduler leaves it out until it is)."""
+        grammar = seq.request.grammar
+        if grammar is None or seq.grammar_failure is not None:
+            return True
+        ready = self.masks.wait(grammar, seq.grammar_state)
+        if not ready:
+            seq.waiting_for_mask = True
+            self.masks.held += 1
+        return ready
 
     def finish(self, request_id: str, error: GenerationError | None) -> None:
         """End a request now (cancelled when `error` is None): its pages go back at once."""

@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 
+from tgix.engine.mask_builder import has_mask
 from tgix.engine.output import RequestOutput
 from tgix.engine.request import EngineLimits, GenerationError, GenerationRequest, SamplingParams
 
@@ -66,6 +67,7 @@ class RequestState:
     started: float | None = None  # first scheduled
     grammar_state: int | frozenset = 0  # of request.grammar after the generated tokens
     grammar_failure: str | None = None  # a lazily built grammar ran past its budget
+    waiting_for_mask: bool = False  # held out of steps until its next mask is built
 
     @property
     def total_len(self) -> int:
@@ -73,6 +75,13 @@ class RequestState:
 
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    def mask_pending(self) -> bool:
+        """True while the row is held for its grammar's next mask (engine.mask_builder);
+        clears itself once the mask is there."""
+        if self.waiting_for_mask and has_mask(self.request.grammar, self.grammar_state):
+            self.waiting_for_mask = False
+        return self.waiting_for_mask
 
     def token_mask(self):
         """The grammar's allowed-token words for the next token, or None. A lazily built

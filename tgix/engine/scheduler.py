@@ -1,10 +1,11 @@
 """Continuous-batching scheduler (host only): picks each step's rows under TGI's budgets and
 emits them as one StepPlan; admission starts a prompt past its longest cached prefix.
 
-Policy only: pages, their reference counts and the prefix cache are the KVManager's. Budgets
-count only the tokens a step computes (a cached prefix is free). Under page pressure the
-youngest running request is preempted and later recomputed, on whatever of its pages the cache
-still holds.
+A decoding request held for its grammar's next mask (RequestState.mask_pending) is left out
+of the step; it keeps its pages. Policy only: pages, their reference counts and the prefix
+cache are the KVManager's. Budgets count only the tokens a step computes (a cached prefix is
+free). Under page pressure the youngest running request is preempted and later recomputed,
+on whatever of its pages the cache still holds.
 """
 
 from __future__ import annotations
@@ -189,14 +190,14 @@ class Scheduler:
         if not self._running:  # everything preempted: re-admit
             return self._classic_rows()
         self._waiting_tokens += 1
-        return [self._row(seq) for seq in self._running]
+        return [self._row(seq) for seq in self._running if not seq.mask_pending()]
 
     def _chunked_rows(self) -> list[PlanRow]:
         """TGI with chunking: decode everyone, continue partial prompts, then admit new
         requests into what is left of the prefill budget (1 token per decode row)."""
         self._grow_for_decode()
         budget = self.config.max_batch_prefill_tokens
-        decode = [self._row(s) for s in self._running if s.prompt_done]
+        decode = [self._row(s) for s in self._running if s.prompt_done and not s.mask_pending()]
         budget -= sum(len(r.token_ids) for r in decode)
         prompt = []
         for seq in self._running:

@@ -13,6 +13,12 @@ that is skipped when every edge reads some one-byte token). That is the eager in
 whenever its own shortcut applies; where it does not (a vocabulary missing some bytes as
 tokens), it may refuse a token whose only ways on need multi-byte tokens, never trap a row.
 
+Thread safety: the engine may build a state's mask on a background thread (engine's
+mask_builder) while its own thread advances other rows. Automaton rows are computed under the
+grammar's lock (lazy_shared.Shared); a mask build holds the index's `build_lock`, and a mask
+is published (`has_mask` true) only after its trapped list. A state whose build failed (a
+budget) keeps its error: asking again raises it at once instead of spending the budget again.
+
 With nesting, pushes and pops are trapped as in pushdown.trapped_dfa (a token whose walk
 opens a container at a NESTED state, or closes the innermost one, is listed per state), and
 `LazyPushdownIndex` checks those tokens against the stack as PushdownIndex does.
@@ -20,12 +26,14 @@ opens a container at a NESTED state, or closes the innermost one, is listed per 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 
 import numpy as np
 
 from tgix.grammar.automaton import DEAD
+from tgix.grammar.errors import GrammarError
 from tgix.grammar.index import FINISHED, TokenIndex
 from tgix.grammar.lazy_dfa import LazyDFA
 from tgix.grammar.nfa import check_deadline
@@ -103,8 +111,10 @@ class LazyTokenIndex:
         self._forced: dict[int, int] = {}
         self._next: dict[tuple[int, int], int] = {}
         self.trapped: dict[int, np.ndarray] = {}
-        self.mask_seconds: list[float] = []  # per computed mask (bounded: see _remember)
+        self.mask_seconds: list[float] = []  # per computed mask (bounded: see _build)
         self._finished = shared.finished
+        self._failed: dict[int, str] = {}  # state -> why its mask could not be built
+        self.build_lock = threading.RLock()
 
     @property
     def num_states(self) -> int:
@@ -117,8 +127,15 @@ class LazyTokenIndex:
             return self._finished
         words = self._masks.get(state)
         if words is None:
-            words = self._build(state)
+            with self.build_lock:
+                words = self._masks.get(state)
+                if words is None:
+                    words = remember_failure(self._failed, state, self._build)
         return words
+
+    def has_mask(self, state: int) -> bool:
+        """True when mask(state) returns at once: built, or failed (it raises at once)."""
+        return state == FINISHED or state in self._masks or state in self._failed
 
     def is_accepting(self, state: int) -> bool:
         return state == FINISHED or bool(self.dfa.accepting[state])
@@ -211,6 +228,23 @@ class LazyTokenIndex:
         return node_state[self.node_of_id]
 
 
+def remember_failure(failed: dict, state, build):
+    """build(state), recording why it failed under `state`: the next call raises that as a
+    GrammarError at once (a budget is not spent twice; any other failure, too, ends only the
+    requests that reach this state, as a grammar error)."""
+    why = failed.get(state)
+    if why is not None:
+        raise GrammarError(why)
+    try:
+        return build(state)
+    except GrammarError as exc:
+        failed[state] = str(exc)
+        raise
+    except Exception as exc:
+        failed[state] = f"building a mask failed: {type(exc).__name__}: {exc}"
+        raise
+
+
 class LazyPushdownIndex(PushdownIndex):
     """PushdownIndex over a LazyDFA with nesting: `base` (a LazyTokenIndex) gives each
     state's mask without pushes and pops, and its trapped tokens."""
@@ -221,6 +255,22 @@ class LazyPushdownIndex(PushdownIndex):
         self.vocab, self.eos_ids, self.stats = base.vocab, base.eos_ids, base.stats
         self._masks: OrderedDict[State, np.ndarray] = OrderedDict()
         self._next: dict[tuple[State, int], State] = {}
+        self._failed: dict[State, str] = {}
+
+    def mask(self, state: State) -> np.ndarray:
+        """As PushdownIndex.mask, one build at a time (see the module's thread safety)."""
+        words = self._masks.get(state)
+        if words is not None:
+            return words
+        with self.base.build_lock:
+            return remember_failure(self._failed, state, super().mask)
+
+    def has_mask(self, state: State) -> bool:
+        if state == FINISHED or state in self._masks or state in self._failed:
+            return True
+        if not isinstance(state, int) or not self.base.has_mask(state):
+            return False
+        return state not in self.base.trapped  # else its own mask, in _masks
 
     def walk(self, configs: frozenset, data: bytes) -> frozenset:
         dfa = self.dfa

@@ -1,0 +1,128 @@
+"""Grammar masks built off the engine thread (host only): the engine waits a bounded time.
+
+A lazily built grammar (tgix.grammar.lazy_index) computes a state's token mask the first
+time a row reaches it: a walk of the vocabulary's byte trie, ~1.5 ms p50 and tens of ms in
+the tail on this machine. Built on the engine thread, that time is added to the step of every
+row in the batch. Here it goes to one background thread instead:
+
+    commit (a row's grammar moved to a new state)
+        -> wait(grammar, state, budget): submit the build, wait up to the budget
+        -> ready in time: the row decodes in the next step as before
+        -> not ready: the row is held (RequestState.waiting_for_mask); the scheduler leaves it
+           out of steps until the mask is there, the other rows go on; `on_ready` wakes the
+           engine loop when a build ends (an idle loop waits on it).
+
+`budget_s = None` builds inline on the engine thread (the row never waits a step; the step
+waits for it), which is what `MaskBuilder.inline()` gives. A failed build (the grammar's state
+or time budget) is remembered by the grammar: the held row is released, and its mask call
+raises at once, which ends that request alone with a grammar error (RequestState.token_mask).
+Eagerly compiled grammars have every mask already (no `has_mask`): never held.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+DEFAULT_WAIT_MS = 5.0  # see benchmarks/grammar_mask_wait.py for the measured choice
+
+
+def budget_from_env() -> float | None:
+    """TGIX_GRAMMAR_MASK_WAIT_MS: how long the engine waits for a new state's mask before the
+    row sits a step out ("inline": no thread, the step waits for the whole build)."""
+    raw = os.environ.get("TGIX_GRAMMAR_MASK_WAIT_MS", "").strip().lower()
+    if raw == "inline":
+        return None
+    ms = float(raw) if raw else DEFAULT_WAIT_MS
+    if not math.isfinite(ms) or ms < 0:
+        raise ValueError(f"TGIX_GRAMMAR_MASK_WAIT_MS must be >= 0 or 'inline', not {raw!r}")
+    return ms / 1000
+
+
+def has_mask(grammar, state) -> bool:
+    """True when grammar.mask(state) returns without building (or the grammar has no lazy
+    masks at all)."""
+    check = getattr(grammar, "has_mask", None)
+    return check is None or check(state)
+
+
+class MaskBuilder:
+    """One daemon thread building (grammar, state) masks in submission order."""
+
+    def __init__(self, budget_s: float | None, on_ready: Callable[[], None] = lambda: None):
+        self.budget_s = budget_s
+        self._on_ready = on_ready
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: dict[tuple[int, object], threading.Event] = {}
+        self._lock = threading.Lock()
+        self.waited_s: list[float] = []  # the engine thread's waits (benchmarks read these)
+        self.held = 0  # rows left out of a step for a mask (counted by the engine)
+        self._thread: threading.Thread | None = None
+        if budget_s is not None:
+            self._thread = threading.Thread(target=self._serve, name="tgix-masks", daemon=True)
+            self._thread.start()
+
+    @classmethod
+    def inline(cls) -> MaskBuilder:
+        return cls(None)
+
+    def wait(self, grammar, state, budget_s: float | None = None) -> bool:
+        """Start building the state's mask (if needed) and wait for it at most `budget_s`
+        (default: the builder's). True: mask(state) is ready now. Inline: built here."""
+        if has_mask(grammar, state):
+            return True
+        t0 = time.perf_counter()
+        try:
+            if self._thread is None:
+                _build(grammar, state)
+                return True
+            done = self._submit(grammar, state)
+            budget = self.budget_s if budget_s is None else budget_s
+            if budget > 0:
+                done.wait(budget)
+            return has_mask(grammar, state)
+        finally:
+            if len(self.waited_s) < 1 << 16:
+                self.waited_s.append(time.perf_counter() - t0)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _submit(self, grammar, state) -> threading.Event:
+        key = (id(grammar), state)
+        with self._lock:
+            done = self._pending.get(key)
+            if done is None:
+                done = self._pending[key] = threading.Event()
+                self._queue.put((key, grammar, state))
+        return done
+
+    def _serve(self) -> None:
+        while (item := self._queue.get()) is not None:
+            key, grammar, state = item
+            _build(grammar, state)
+            with self._lock:
+                done = self._pending.pop(key)
+            done.set()
+            self._on_ready()
+
+
+def _build(grammar, state) -> None:
+    """mask(state) and its forced token (what the fast-forward asks next); a failure stays
+    with the grammar (its next call raises it), so nothing is lost here."""
+    try:
+        grammar.mask(state)
+        grammar.forced_token(state)
+    except ValueError:  # GrammarError: the grammar remembers it for this state
+        pass
+    except Exception:  # remembered too (lazy_index.remember_failure); never kill the thread
+        logger.exception("building a grammar mask failed")
