@@ -5,6 +5,7 @@ failures stay with the grammar and end only that request."""
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,7 +18,8 @@ from tgix.engine.mask_builder import MaskBuilder, budget_from_env
 class GatedGrammar:
     """A lazy grammar whose mask builds wait on `gate` (the test decides when they end)."""
 
-    def __init__(self):
+    def __init__(self, successors=None):
+        self.successors = successors or {}  # state -> where its tokens lead
         self.gate = threading.Event()
         self.built: dict[int, np.ndarray] = {}
         self.builds: list[tuple[int, str]] = []  # (state, thread name)
@@ -34,6 +36,10 @@ class GatedGrammar:
 
     def forced_token(self, state: int) -> None:
         self.mask(state)
+
+    def mask_and_successors(self, state: int) -> list[int]:  # as LazyTokenIndex's
+        self.mask(state)
+        return [q for q in self.successors.get(state, ()) if q not in self.built]
 
 
 def test_a_mask_not_ready_in_time_is_built_on_the_thread_and_wakes_the_engine():
@@ -66,6 +72,29 @@ def test_a_wait_within_budget_returns_the_built_mask_and_inline_builds_in_the_ca
     grammar.gate.set()
     assert inline.wait(grammar, 2)
     assert grammar.builds == [(2, threading.current_thread().name)]
+
+
+def test_after_a_demanded_mask_its_few_successors_are_built_ahead():
+    builder = MaskBuilder(10.0)
+    try:
+        grammar = GatedGrammar(successors={1: [2, 3], 2: [4]})
+        grammar.gate.set()
+        assert builder.wait(grammar, 1)
+        deadline = time.monotonic() + 10
+        while not (grammar.has_mask(2) and grammar.has_mask(3)) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert [s for s, _ in grammar.builds] == [1, 2, 3]  # not 4: one level ahead only
+    finally:
+        builder.close()
+    off = MaskBuilder(10.0, ahead=False)
+    try:
+        grammar = GatedGrammar(successors={1: [2]})
+        grammar.gate.set()
+        assert off.wait(grammar, 1)
+        time.sleep(0.05)  # time enough for an ahead build, were one queued
+        assert [s for s, _ in grammar.builds] == [1]
+    finally:
+        off.close()
 
 
 def test_budget_from_env(monkeypatch):

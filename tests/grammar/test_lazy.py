@@ -215,3 +215,18 @@ SCHEMA_FOR_THREADS = {
     },
     "required": ["name", "age"],
 }
+
+
+def test_a_new_states_successors_are_where_its_allowed_tokens_lead(real):
+    """What the engine's mask builder builds ahead: the states without a mask yet that the
+    state's allowed tokens end in (none when this call did not build the mask)."""
+    hf, vocab, trie = real
+    lazy = compile_lazy(GrammarSpec.regex(r"x(ab|cd|[0-9]{2})!"), vocab, trie, OPTIONS)
+    assert lazy.mask_and_successors(lazy.start) == []  # built by the compile
+    state = lazy.advance(lazy.start, hf.encode("x", add_special_tokens=False)[0])
+    ahead = lazy.mask_and_successors(state)
+    bits = np.unpackbits(lazy.mask(state).view(np.uint8), bitorder="little")
+    allowed = [t for t in np.flatnonzero(bits).tolist() if t not in lazy.eos_ids]
+    ends = {lazy.advance(state, t) for t in allowed}
+    assert ahead and set(ahead) == {q for q in ends if q != state and not lazy.has_mask(q)}
+    assert lazy.mask_and_successors(state) == []  # built already: nothing new to offer

@@ -6,11 +6,15 @@ the tail on this machine. Built on the engine thread, that time is added to the 
 row in the batch. Here it goes to one background thread instead:
 
     commit (a row's grammar moved to a new state)
-        -> wait(grammar, state, budget): submit the build, wait up to the budget
+        -> wait(grammar, state): submit the build, wait up to `budget_s`
         -> ready in time: the row decodes in the next step as before
         -> not ready: the row is held (RequestState.waiting_for_mask); the scheduler leaves it
            out of steps until the mask is there, the other rows go on; `on_ready` wakes the
            engine loop when a build ends (an idle loop waits on it).
+
+Ahead builds: once a demanded mask is built, the states its allowed tokens lead to (when
+few: LazyTokenIndex.mask_and_successors) are queued behind every demanded build, so the next token's
+mask is often ready before its row asks (built while the device runs the step).
 
 `budget_s = None` builds inline on the engine thread (the row never waits a step; the step
 waits for it), which is what `MaskBuilder.inline()` gives. A failed build (the grammar's state
@@ -21,6 +25,7 @@ Eagerly compiled grammars have every mask already (no `has_mask`): never held.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -30,6 +35,7 @@ import time
 from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
+STOP, DEMANDED, AHEAD = -1, 0, 1  # queue priorities: close / a row waits / may reach it
 DEFAULT_WAIT_MS = 5.0  # see benchmarks/grammar_mask_wait.py for the measured choice
 
 
@@ -55,13 +61,23 @@ def has_mask(grammar, state) -> bool:
 class MaskBuilder:
     """One daemon thread building (grammar, state) masks in submission order."""
 
-    def __init__(self, budget_s: float | None, on_ready: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        budget_s: float | None,
+        on_ready: Callable[[], None] = lambda: None,
+        *,
+        ahead: bool = True,
+    ):
         self.budget_s = budget_s
         self._on_ready = on_ready
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.ahead = ahead
+        # (priority, order, key, grammar, state): demanded builds first, then ahead ones
+        self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._pending: dict[tuple[int, object], threading.Event] = {}
+        self._order = 0
         self._lock = threading.Lock()
-        self.waited_s: list[float] = []  # the engine thread's waits (benchmarks read these)
+        # the engine thread's wait per call, the last 65536 (benchmarks read and clear it)
+        self.waited_s: collections.deque[float] = collections.deque(maxlen=1 << 16)
         self.held = 0  # rows left out of a step for a mask (counted by the engine)
         self._thread: threading.Thread | None = None
         if budget_s is not None:
@@ -72,57 +88,72 @@ class MaskBuilder:
     def inline(cls) -> MaskBuilder:
         return cls(None)
 
-    def wait(self, grammar, state, budget_s: float | None = None) -> bool:
-        """Start building the state's mask (if needed) and wait for it at most `budget_s`
-        (default: the builder's). True: mask(state) is ready now. Inline: built here."""
-        if has_mask(grammar, state):
-            return True
+    def wait(self, grammar, state) -> bool:
+        """Start building the state's mask (if needed) and wait for it at most `budget_s`.
+        True: mask(state) is ready now. Inline (budget None, or no thread): built here."""
         t0 = time.perf_counter()
         try:
-            if self._thread is None:
+            if has_mask(grammar, state):
+                return True
+            if self._thread is None or self.budget_s is None:
                 _build(grammar, state)
                 return True
-            done = self._submit(grammar, state)
-            budget = self.budget_s if budget_s is None else budget_s
-            if budget > 0:
-                done.wait(budget)
+            done = self._submit(grammar, state, DEMANDED)
+            if self.budget_s > 0:
+                done.wait(self.budget_s)
             return has_mask(grammar, state)
         finally:
-            if len(self.waited_s) < 1 << 16:
-                self.waited_s.append(time.perf_counter() - t0)
+            self.waited_s.append(time.perf_counter() - t0)
 
     def close(self) -> None:
         if self._thread is not None:
-            self._queue.put(None)
+            self._queue.put((STOP, 0, None, None, None))
             self._thread.join(timeout=5)
             self._thread = None
 
-    def _submit(self, grammar, state) -> threading.Event:
+    def _submit(self, grammar, state, priority: int) -> threading.Event:
         key = (id(grammar), state)
         with self._lock:
             done = self._pending.get(key)
             if done is None:
                 done = self._pending[key] = threading.Event()
-                self._queue.put((key, grammar, state))
+                self._order += 1
+                self._queue.put((priority, self._order, key, grammar, state))
+            elif priority == DEMANDED:  # queued ahead: a row wants it now, put it first
+                self._order += 1
+                self._queue.put((priority, self._order, key, grammar, state))
         return done
 
     def _serve(self) -> None:
-        while (item := self._queue.get()) is not None:
-            key, grammar, state = item
-            _build(grammar, state)
+        while (item := self._queue.get())[0] != STOP:
+            priority, _, key, grammar, state = item
+            ahead = _build(grammar, state) if not has_mask(grammar, state) else []
             with self._lock:
-                done = self._pending.pop(key)
+                done = self._pending.pop(key, None)
+            if done is None:  # a duplicate entry (re-queued as demanded): already built
+                continue
             done.set()
-            self._on_ready()
+            self._on_ready()  # a held row may have asked for it meanwhile
+            if priority == DEMANDED and self.ahead:
+                for nxt in ahead:
+                    self._submit(grammar, nxt, AHEAD)
 
 
-def _build(grammar, state) -> None:
-    """mask(state) and its forced token (what the fast-forward asks next); a failure stays
-    with the grammar (its next call raises it), so nothing is lost here."""
+def _build(grammar, state) -> list:
+    """mask(state) and its forced token (what the fast-forward asks next); returns the
+    states worth building ahead (LazyTokenIndex.mask_and_successors; none for others). A
+    failure stays with the grammar (its next call raises it), so nothing is lost here."""
     try:
-        grammar.mask(state)
+        with_successors = getattr(grammar, "mask_and_successors", None)
+        if with_successors is not None:
+            ahead = with_successors(state)
+        else:
+            grammar.mask(state)
+            ahead = []
         grammar.forced_token(state)
+        return ahead
     except ValueError:  # GrammarError: the grammar remembers it for this state
-        pass
+        return []
     except Exception:  # remembered too (lazy_index.remember_failure); never kill the thread
         logger.exception("building a grammar mask failed")
+        return []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 
 from tgix.grammar.errors import GrammarError
@@ -53,6 +54,9 @@ _SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n
 _SHORT_ESCAPES.update({"\r": "\\r", "\t": "\\t"})
 
 
+_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f\ud800-\udfff]')  # what json_escape_char changes
+
+
 def json_escape_char(ch: str) -> str:
     """The canonical JSON text of one character inside a string."""
     if ch in _SHORT_ESCAPES:
@@ -65,11 +69,17 @@ def json_escape_char(ch: str) -> str:
 def json_string_text(value: str) -> str:
     """`json.dumps(value, ensure_ascii=False)`, with lone surrogates escaped (they cannot be
     written as UTF-8)."""
+    if not _NEEDS_ESCAPE.search(value):
+        return '"' + value + '"'
     return '"' + "".join(json_escape_char(c) for c in value) + '"'
 
 
+def _is_never(node: Node) -> bool:
+    return type(node) is Regex and node.source == NEVER.source
+
+
 def cat(*parts: Node) -> Node:
-    if any(p == NEVER for p in parts):
+    if any(map(_is_never, parts)):
         return NEVER
     return seq(*parts)
 
@@ -77,7 +87,7 @@ def cat(*parts: Node) -> Node:
 def union(*options: Node) -> Node:
     flat: list[Node] = []
     for o in options:
-        if o == NEVER:
+        if _is_never(o):
             continue
         flat.extend(o.options if isinstance(o, Alt) else (o,))
     return NEVER if not flat else alt(*flat)

@@ -141,15 +141,21 @@ def _assemble(
             "they are implied by the properties or bound extra members next to required ones"
         )
     chain = None
+    tail: list[Node] = []  # past the first required member the chain only grows: cat once
     seen_required = False
     for member, is_required in kept:
         if chain is None:
             chain = member
         else:
             step = cat(layout.comma, member)
-            grown = cat(chain, step if is_required else optional(step))
-            chain = grown if seen_required else union(grown, member)
+            piece = step if is_required else optional(step)
+            if seen_required:
+                tail.append(piece)
+            else:
+                chain = union(cat(chain, piece), member)
         seen_required = seen_required or is_required
+    if tail:  # the same tree as growing it member by member, without copying it each time
+        chain = cat(chain, *tail)
     options = []
     if chain is not None:
         options.append(cat(chain, repeat(cat(layout.comma, extra), extra_lo, extra_hi)))

@@ -43,6 +43,7 @@ from tgix.grammar.trie_walk import looping_nodes
 from tgix.grammar.vocabulary import TokenVocabulary
 
 TRAP = -3  # a walk that pushed or popped (pushdown): settled by the stack machine
+AHEAD_OF = 24  # successors listed per state (more: none listed; a guess would miss)
 _OPEN = np.zeros(256, dtype=bool)
 _OPEN[[ord("{"), ord("[")]] = True
 _NONE = np.zeros(0, dtype=np.int32)
@@ -114,6 +115,7 @@ class LazyTokenIndex:
         self.mask_seconds: list[float] = []  # per computed mask (bounded: see _build)
         self._finished = shared.finished
         self._failed: dict[int, str] = {}  # state -> why its mask could not be built
+        self._last_walk: tuple | None = None
         self.build_lock = threading.RLock()
 
     @property
@@ -132,6 +134,24 @@ class LazyTokenIndex:
                 if words is None:
                     words = remember_failure(self._failed, state, self._build)
         return words
+
+    def mask_and_successors(self, state: int) -> list[int]:
+        """Build state's mask (if needed); then, if this call built it, the states its
+        allowed tokens lead to that have no mask yet, when they are few (<= AHEAD_OF; else
+        none: a guess would miss). What the engine's mask builder builds ahead (off the
+        first mask's path: the pass over V end states costs ~0.5 ms)."""
+        with self.build_lock:
+            self._last_walk = None
+            self.mask(state)
+            walked, self._last_walk = self._last_walk, None
+        if walked is None or walked[0] != state:
+            return []
+        _, ends, allowed = walked
+        reached = ends[allowed[: len(ends)] & (ends >= 0)]
+        nxt = np.flatnonzero(np.bincount(reached)) if reached.size else reached
+        if len(nxt) > AHEAD_OF:
+            return []
+        return [q for q in nxt.tolist() if q != state and q not in self._masks]
 
     def has_mask(self, state: int) -> bool:
         """True when mask(state) returns at once: built, or failed (it raises at once)."""
@@ -180,6 +200,7 @@ class LazyTokenIndex:
         trapped = np.flatnonzero(ends == TRAP)
         if trapped.size:
             self.trapped[state] = trapped.astype(np.int32)
+        self._last_walk = (state, ends, allowed)  # for successors(), on the same thread
         self._masks[state] = words
         if len(self.mask_seconds) < 1 << 16:
             self.mask_seconds.append(time.perf_counter() - t0)
@@ -264,6 +285,16 @@ class LazyPushdownIndex(PushdownIndex):
             return words
         with self.base.build_lock:
             return remember_failure(self._failed, state, super().mask)
+
+    def mask_and_successors(self, state: State) -> list[int]:
+        """As LazyTokenIndex's, for a state with no stack to check (an int whose walks
+        neither push nor pop); other states only build their mask."""
+        if isinstance(state, int) and state != FINISHED:
+            ahead = self.base.mask_and_successors(state)
+            if state not in self.base.trapped:
+                return ahead
+        self.mask(state)
+        return []
 
     def has_mask(self, state: State) -> bool:
         if state == FINISHED or state in self._masks or state in self._failed:

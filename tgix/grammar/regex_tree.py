@@ -39,11 +39,22 @@ class _CachedHash:
     __slots__ = ()
 
     def __post_init__(self) -> None:
-        values = tuple(getattr(self, f.name) for f in fields(self) if f.compare)
+        values = tuple(getattr(self, name) for name in _compared(type(self)))
         object.__setattr__(self, "_hash", hash((type(self).__name__, values)))
 
     def cached_hash(self) -> int:
         return self._hash
+
+
+_COMPARED: dict[type, tuple[str, ...]] = {}
+
+
+def _compared(cls: type) -> tuple[str, ...]:
+    """The names of cls's compared fields (dataclasses.fields is slow: once per class)."""
+    names = _COMPARED.get(cls)
+    if names is None:
+        names = _COMPARED[cls] = tuple(f.name for f in fields(cls) if f.compare)
+    return names
 
 
 def _hash_field():
@@ -54,24 +65,30 @@ def _digest_field():
     return field(init=False, repr=False, compare=False, default=b"")
 
 
+_LEAF_DIGESTS: dict[str, bytes] = {}  # leaves are frozen, slotted: no field to cache it in
+
+
 def digest(node: Node) -> bytes:
     """16 bytes naming a tree's content: equal trees, equal digests. Cached on inner nodes,
     so it costs one pass over a tree's distinct node objects, where `==` on two equal but
     distinct trees walks every path (exponential in a tree whose subtrees are shared, as
     unrolled recursive `$ref`s are). What cross-grammar caches key on."""
     if isinstance(node, Regex):
-        return hashlib.blake2b(
-            b"r" + node.source.encode("utf-8", "surrogatepass"), digest_size=16
-        ).digest()
+        found = _LEAF_DIGESTS.get(node.source)
+        if found is None:
+            if len(_LEAF_DIGESTS) >= 1 << 16:
+                _LEAF_DIGESTS.clear()
+            found = _LEAF_DIGESTS[node.source] = hashlib.blake2b(
+                b"r" + node.source.encode("utf-8", "surrogatepass"), digest_size=16
+            ).digest()
+        return found
     if isinstance(node, RawByte):
         return bytes([node.value]) * 16
     found = node._digest
     if not found:
         h = hashlib.blake2b(type(node).__name__.encode(), digest_size=16)
-        for f in fields(node):
-            if not f.compare:
-                continue
-            value = getattr(node, f.name)
+        for name in _compared(type(node)):
+            value = getattr(node, name)
             if isinstance(value, tuple):
                 h.update(b"(%d" % len(value))
                 for part in value:
@@ -136,18 +153,14 @@ for _cls in (Seq, Alt, Repeat, Both, Minus):
 Node = Regex | RawByte | Seq | Alt | Repeat | Both | Minus
 
 
+_ESCAPES = {ord(ch): "\\" + ch for ch in _SPECIAL}
+_ESCAPES.update({c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]})
+
+
 def escape(text: str) -> str:
     """Regex source matching `text` literally (interegular's escapes: control characters as
     `\\xNN`, anything else outside ASCII as itself)."""
-    out = []
-    for ch in text:
-        if ch in _SPECIAL:
-            out.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    return "".join(out)
+    return text.translate(_ESCAPES)
 
 
 def literal(text: str) -> Regex:
@@ -158,7 +171,7 @@ def seq(*parts: Node) -> Node:
     flat: list[Node] = []
     for p in parts:
         flat.extend(p.parts if isinstance(p, Seq) else (p,))
-    flat = [p for p in flat if p != Regex("")]
+    flat = [p for p in flat if type(p) is not Regex or p.source]  # drop empty leaves
     if len(flat) == 1:
         return flat[0]
     return Seq(tuple(flat))
