@@ -159,6 +159,16 @@ def test_requests_over_the_token_limits_are_refused(engine):
         run(engine, greedy(1, prompt_ids=prompt(1, 96)))
 
 
+def test_a_malformed_request_ends_alone_and_the_engine_keeps_serving(engine):
+    """A programmatic caller's prompt of strings (the server never sends one): that request
+    gets a validation error; the engine loop survives and serves the next request."""
+    with pytest.raises(GenerationError, match="invalid request") as err:
+        run(engine, greedy(3, prompt_ids=("input_ids", "attention_mask")))
+    assert err.value.error_type == "validation"
+    assert engine.healthy()
+    assert len(ids(run(engine, greedy(3, prompt_ids=prompt(2, 5))))) == 3
+
+
 def test_cancel_frees_pages_and_ends_the_stream(engine):
     stream = engine.submit(greedy(80, prompt_ids=prompt(7, 10)))
     it = iter(stream)

@@ -95,14 +95,18 @@ class LiveRequests(Mapping[str, RequestState]):
         if request_id in self._states:
             emit([GenerationError(f"duplicate request id {request_id!r}", "validation")])
             return
-        seq = new_request_state(
-            request_id,
-            request,
-            emit,
-            self._tokenizer,
-            self._limits,
-            prompt_logprobs_enabled=self._prompt_logprobs,
-        )
+        try:
+            seq = new_request_state(
+                request_id,
+                request,
+                emit,
+                self._tokenizer,
+                self._limits,
+                prompt_logprobs_enabled=self._prompt_logprobs,
+            )
+        except Exception as exc:  # malformed fields (the server validates; tgix.LLM callers
+            # may not): this request's error, never the engine loop's
+            seq = GenerationError(f"invalid request: {type(exc).__name__}: {exc}", "validation")
         if isinstance(seq, GenerationError):
             emit([seq])
         elif not self.scheduler.add(seq):
