@@ -3,7 +3,7 @@ for them) against built on the mask builder's thread (the row sits a step out wh
 is not ready within the wait budget), with and without building successors ahead.
 
     python -m benchmarks.grammar_mask_wait [--schemas 12] [--concurrency 1 4]
-        [--modes inline 0 5 5-noahead] [--max-new-tokens 48] [--json PATH]
+        [--modes inline 0 5 5-noahead] [--max-new-tokens 48] [--jit] [--json PATH]
 
 Default model (float32), one engine in this process, its wait budget changed between rounds
 (`engine.mask_builder.budget_s` / `.ahead`). A round: `c` grammar requests (each a different
@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--modes", nargs="+", default=["inline", "0", "5", "5-noahead"])
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--jit", action="store_true", help="no AOT compile (see above)")
     parser.add_argument("--json", help="results file")
     args = parser.parse_args(argv)
 
@@ -153,9 +154,10 @@ def main(argv: list[str] | None = None) -> None:
     from tgix.grammar.lazy_shared import COMMON
 
     started = time.perf_counter()
-    # steps compile on first use (an AOT compile of every bucket takes ~15 min here); the
-    # warm-up rounds below run every mode at every concurrency first
-    options = EngineOptions(progress=False, compile=False)
+    # --jit: steps compile on first use (an AOT compile of every bucket takes ~15 min here,
+    # once per tgix version: the executables are cached); the warm-up rounds below run every
+    # mode at every concurrency first, so most shapes are compiled before the timed rounds
+    options = EngineOptions(progress=False, compile=not args.jit)
     llm = tgix.LLM(limits=LimitRequest(**LIMITS), options=options)
     engine = llm.engine
     print(f"engine ready in {time.perf_counter() - started:.0f} s", flush=True)

@@ -125,6 +125,9 @@ class MaskBuilder:
         return done
 
     def _serve(self) -> None:
+        from tgix.grammar.lazy_index import build_politely  # host code: numpy only
+
+        build_politely()
         while (item := self._queue.get())[0] != STOP:
             priority, _, key, grammar, state = item
             ahead = _build(grammar, state) if not has_mask(grammar, state) else []

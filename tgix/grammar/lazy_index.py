@@ -49,6 +49,16 @@ _OPEN[[ord("{"), ord("[")]] = True
 _NONE = np.zeros(0, dtype=np.int32)
 
 
+_THREAD = threading.local()
+
+
+def build_politely() -> None:
+    """Mark the calling thread as a background mask builder: its trie walks give up the GIL
+    at every level (a waiting engine thread would otherwise wait up to Python's 5 ms switch
+    interval past its own wait budget)."""
+    _THREAD.polite = True
+
+
 def single_bytes(vocab: TokenVocabulary) -> np.ndarray:
     """[256] bool: the bytes some token spells alone (read-only; computed once per
     vocabulary: a pass over every token would cost a new grammar milliseconds)."""
@@ -224,8 +234,11 @@ class LazyTokenIndex:
         else:
             node = self._level1
         state = np.full(len(node), start, dtype=np.int32)
+        polite = getattr(_THREAD, "polite", False)
         while node.size:
             check_deadline(dfa.deadline)
+            if polite:  # a background builder: let a waiting engine thread have the GIL
+                time.sleep(0)
             nxt = np.full(len(node), TRAP, dtype=np.int32)
             moving = state >= 0
             src, label = state[moving], trie.label[node[moving]]
