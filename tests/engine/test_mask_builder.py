@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.engine.fake_device import alone
-from tgix.engine.mask_builder import MaskBuilder, budget_from_env
+from tgix.engine.mask_builder import MaskBuilder, ahead_from_env, budget_from_env
 
 
 class GatedGrammar:
@@ -75,7 +75,7 @@ def test_a_wait_within_budget_returns_the_built_mask_and_inline_builds_in_the_ca
 
 
 def test_after_a_demanded_mask_its_few_successors_are_built_ahead():
-    builder = MaskBuilder(10.0)
+    builder = MaskBuilder(10.0, ahead=True)
     try:
         grammar = GatedGrammar(successors={1: [2, 3], 2: [4]})
         grammar.gate.set()
@@ -95,6 +95,18 @@ def test_after_a_demanded_mask_its_few_successors_are_built_ahead():
         assert [s for s, _ in grammar.builds] == [1]
     finally:
         off.close()
+
+
+def test_ahead_from_env(monkeypatch):
+    monkeypatch.delenv("TGIX_GRAMMAR_MASK_AHEAD", raising=False)
+    assert ahead_from_env(True) and not ahead_from_env(False)
+    monkeypatch.setenv("TGIX_GRAMMAR_MASK_AHEAD", "1")
+    assert ahead_from_env(False)
+    monkeypatch.setenv("TGIX_GRAMMAR_MASK_AHEAD", "0")
+    assert not ahead_from_env(True)
+    monkeypatch.setenv("TGIX_GRAMMAR_MASK_AHEAD", "yes")
+    with pytest.raises(ValueError):
+        ahead_from_env(True)
 
 
 def test_budget_from_env(monkeypatch):

@@ -70,6 +70,7 @@ class Engine:
         overlap: bool = True,
         prewarm: bool = False,
         mask_wait_s: float | None = DEFAULT_WAIT_MS / 1000,
+        mask_ahead: bool = False,
     ):
         self.runner, self.scheduler = runner, scheduler
         self.tokenizer, self.limits = tokenizer, limits
@@ -86,7 +87,7 @@ class Engine:
             limits,
             prompt_logprobs=prompt_logprobs,
             fast_forward=bool(runner.config.buckets.mixed_tokens),
-            masks=MaskBuilder(mask_wait_s, on_ready=self._wake.set),
+            masks=MaskBuilder(mask_wait_s, on_ready=self._wake.set, ahead=mask_ahead),
         )
         self._stopping = False
         self._ready = False

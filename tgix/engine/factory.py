@@ -25,7 +25,7 @@ from tgix.engine.limits import (
     kv_budget_tokens,
     resolve_limits,
 )
-from tgix.engine.mask_builder import budget_from_env
+from tgix.engine.mask_builder import ahead_from_env, budget_from_env
 from tgix.engine.runner import Runner, RunnerConfig
 from tgix.engine.scheduler import Scheduler, SchedulerConfig
 from tgix.models import LoadedModel
@@ -181,6 +181,7 @@ def create_engine(
         on_step=on_step,
         prewarm=options.prewarm,
         mask_wait_s=budget_from_env(),
+        mask_ahead=ahead_from_env(accelerator=jax.default_backend() != "cpu"),
     )
     engine.grammar_compiler = _grammar_compiler(tokenizer, cfg.vocab_size, options)
     engine.warmup(run_request=options.warmup)

@@ -12,9 +12,10 @@ row in the batch. Here it goes to one background thread instead:
            out of steps until the mask is there, the other rows go on; `on_ready` wakes the
            engine loop when a build ends (an idle loop waits on it).
 
-Ahead builds: once a demanded mask is built, the states its allowed tokens lead to (when
-few: LazyTokenIndex.mask_and_successors) are queued behind every demanded build, so the next token's
-mask is often ready before its row asks (built while the device runs the step).
+Ahead builds (`ahead`, on beside an accelerator: ahead_from_env): once a demanded mask is
+built, the states its allowed tokens lead to (when few: LazyTokenIndex.mask_and_successors)
+are queued behind every demanded build, so the next token's mask is often ready before its
+row asks (built while the device runs the step).
 
 `budget_s = None` builds inline on the engine thread (the row never waits a step; the step
 waits for it), which is what `MaskBuilder.inline()` gives. A failed build (the grammar's state
@@ -51,6 +52,17 @@ def budget_from_env() -> float | None:
     return ms / 1000
 
 
+def ahead_from_env(accelerator: bool) -> bool:
+    """TGIX_GRAMMAR_MASK_AHEAD=1/0: build the states a new one leads to before rows ask.
+    Default: only beside an accelerator. On XLA:CPU the builds take cores from the model's
+    steps: measured slower for every row with them on (benchmarks/grammar_mask_wait.py);
+    beside a GPU or TPU the host is idle while a step runs (not measured yet)."""
+    raw = os.environ.get("TGIX_GRAMMAR_MASK_AHEAD", "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"TGIX_GRAMMAR_MASK_AHEAD must be 0 or 1, not {raw!r}")
+    return accelerator if raw == "" else raw == "1"
+
+
 def has_mask(grammar, state) -> bool:
     """True when grammar.mask(state) returns without building (or the grammar has no lazy
     masks at all)."""
@@ -66,7 +78,7 @@ class MaskBuilder:
         budget_s: float | None,
         on_ready: Callable[[], None] = lambda: None,
         *,
-        ahead: bool = True,
+        ahead: bool = False,
     ):
         self.budget_s = budget_s
         self._on_ready = on_ready

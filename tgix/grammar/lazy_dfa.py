@@ -397,7 +397,7 @@ def _coreachable(eps: list, edges: list, exit_: int, calls: dict, usable=None):
     only unusable bytes; only then is the reverse search run. NESTED counts as usable."""
     usable = np.ones(256, dtype=bool) if usable is None else usable.copy()
     usable[NESTED] = True
-    prefix = np.concatenate([[0], np.cumsum(usable)])
+    prefix = [0, *np.cumsum(usable).tolist()]  # a list: ok() runs once per edge
 
     def ok(lo: int, hi: int) -> bool:
         return prefix[hi + 1] > prefix[lo]
@@ -407,7 +407,9 @@ def _coreachable(eps: list, edges: list, exit_: int, calls: dict, usable=None):
         for u, (e, d) in enumerate(zip(eps, edges, strict=True))
         if not e and not d and not (u in calls and calls[u][0])
     ]
-    blocked = not usable.all() and any(not ok(lo, hi) for out in edges for lo, hi, _ in out)
+    blocked = not usable.all() and not all(
+        ok(lo, hi) for lo, hi in {(lo, hi) for out in edges for lo, hi, _ in out}
+    )
     if sinks == [exit_] and not blocked:
         return lambda u: True
     preds: list[list[int]] = [[] for _ in eps]
