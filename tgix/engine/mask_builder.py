@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 STOP, DEMANDED, AHEAD = -1, 0, 1  # queue priorities: close / a row waits / may reach it
+MAX_QUEUED_AHEAD = 256  # ahead builds are queued only while the queue is shorter
 DEFAULT_WAIT_MS = 5.0  # see benchmarks/grammar_mask_wait.py for the measured choice
 
 
@@ -142,24 +143,25 @@ class MaskBuilder:
         build_politely()
         while (item := self._queue.get())[0] != STOP:
             priority, _, key, grammar, state = item
-            ahead = _build(grammar, state) if not has_mask(grammar, state) else []
+            wants_ahead = self.ahead and priority == DEMANDED
+            ahead = _build(grammar, state, wants_ahead) if not has_mask(grammar, state) else []
             with self._lock:
                 done = self._pending.pop(key, None)
             if done is None:  # a duplicate entry (re-queued as demanded): already built
                 continue
             done.set()
             self._on_ready()  # a held row may have asked for it meanwhile
-            if priority == DEMANDED and self.ahead:
-                for nxt in ahead:
-                    self._submit(grammar, nxt, AHEAD)
+            for nxt in ahead if self._queue.qsize() < MAX_QUEUED_AHEAD else ():
+                self._submit(grammar, nxt, AHEAD)
 
 
-def _build(grammar, state) -> list:
-    """mask(state) and its forced token (what the fast-forward asks next); returns the
-    states worth building ahead (LazyTokenIndex.mask_and_successors; none for others). A
-    failure stays with the grammar (its next call raises it), so nothing is lost here."""
+def _build(grammar, state, ahead: bool = False) -> list:
+    """mask(state) and its forced token (what the fast-forward asks next); with `ahead`,
+    returns the states worth building next (LazyTokenIndex.mask_and_successors; none for
+    others). A failure stays with the grammar (its next call raises it), so nothing is lost
+    here."""
     try:
-        with_successors = getattr(grammar, "mask_and_successors", None)
+        with_successors = getattr(grammar, "mask_and_successors", None) if ahead else None
         if with_successors is not None:
             ahead = with_successors(state)
         else:
