@@ -24,7 +24,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -50,17 +49,7 @@ def run_round(engine, prompts, grammar, steps: list) -> dict:
         for p in prompts
     ]
     steps.clear()
-    start = time.perf_counter()
-    streams = [engine.submit(r) for r in requests]
-    records = [harness.TimedStream(start) for _ in streams]
-    threads = [
-        threading.Thread(target=harness.read_stream, args=(s, r), daemon=True)
-        for s, r in zip(streams, records, strict=True)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    records = harness.run_requests(engine, requests)
     for r in records:
         if r.error is not None:
             raise RuntimeError(f"request failed: {r.error!r}") from r.error

@@ -31,7 +31,6 @@ import argparse
 import glob
 import json
 import os
-import threading
 import time
 
 import numpy as np
@@ -84,16 +83,7 @@ def pick_schemas(data: str, count: int, compiler, tokenizer) -> list[tuple[str, 
 
 def run_round(engine, requests) -> tuple[list[harness.TimedStream], float]:
     start = time.perf_counter()
-    streams = [engine.submit(r) for r in requests]
-    records = [harness.TimedStream(start) for _ in streams]
-    threads = [
-        threading.Thread(target=harness.read_stream, args=(s, r), daemon=True)
-        for s, r in zip(streams, records, strict=True)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    records = harness.run_requests(engine, requests)
     return records, time.perf_counter() - start
 
 

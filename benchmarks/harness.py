@@ -85,16 +85,11 @@ def read_stream(events: Iterable, record: TimedStream) -> None:
     record.done = time.perf_counter()
 
 
-def run_batch(llm, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[TimedStream]:
-    """Submit every prompt at once (greedy, ignore_eos) and read each stream in a thread."""
-    from tgix.engine.request import GenerationRequest
-
-    requests = [
-        GenerationRequest(prompt_ids=tuple(p), max_new_tokens=max_new_tokens, ignore_eos=True)
-        for p in prompts
-    ]
+def run_requests(engine, requests: Sequence) -> list[TimedStream]:
+    """Submit every GenerationRequest at once and read each stream in its own thread; a
+    failed request keeps its error in its record."""
     start = time.perf_counter()
-    streams = [llm.engine.submit(r) for r in requests]
+    streams = [engine.submit(r) for r in requests]
     records = [TimedStream(start) for _ in streams]
     threads = [
         threading.Thread(target=read_stream, args=(s, r), daemon=True)
@@ -104,6 +99,18 @@ def run_batch(llm, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> lis
         t.start()
     for t in threads:
         t.join()
+    return records
+
+
+def run_batch(llm, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[TimedStream]:
+    """Submit every prompt at once (greedy, ignore_eos) and read each stream in a thread."""
+    from tgix.engine.request import GenerationRequest
+
+    requests = [
+        GenerationRequest(prompt_ids=tuple(p), max_new_tokens=max_new_tokens, ignore_eos=True)
+        for p in prompts
+    ]
+    records = run_requests(llm.engine, requests)
     for r in records:
         if r.error is not None:
             raise RuntimeError(f"request failed: {r.error!r}") from r.error
