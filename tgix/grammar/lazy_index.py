@@ -125,7 +125,8 @@ class LazyTokenIndex:
         self.mask_seconds: list[float] = []  # per computed mask (bounded: see _build)
         self._finished = shared.finished
         self._failed: dict[int, str] = {}  # state -> why its mask could not be built
-        self._last_walk: tuple | None = None
+        self._last_walk: tuple | None = None  # (state, ends, allowed) of the build just run
+        self._keep_walk = False  # only mask_and_successors keeps it
         self.build_lock = threading.RLock()
 
     @property
@@ -151,9 +152,11 @@ class LazyTokenIndex:
         none: a guess would miss). What the engine's mask builder builds ahead (off the
         first mask's path: the pass over V end states costs ~0.5 ms)."""
         with self.build_lock:
-            self._last_walk = None
-            self.mask(state)
-            walked, self._last_walk = self._last_walk, None
+            self._keep_walk, self._last_walk = True, None
+            try:
+                self.mask(state)
+            finally:
+                walked, self._last_walk, self._keep_walk = self._last_walk, None, False
         if walked is None or walked[0] != state:
             return []
         _, ends, allowed = walked
@@ -210,7 +213,8 @@ class LazyTokenIndex:
         trapped = np.flatnonzero(ends == TRAP)
         if trapped.size:
             self.trapped[state] = trapped.astype(np.int32)
-        self._last_walk = (state, ends, allowed)  # for successors(), on the same thread
+        if self._keep_walk:  # mask_and_successors asked (under build_lock): V-long arrays
+            self._last_walk = (state, ends, allowed)
         self._masks[state] = words
         if len(self.mask_seconds) < 1 << 16:
             self.mask_seconds.append(time.perf_counter() - t0)
