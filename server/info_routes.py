@@ -39,6 +39,7 @@ async def info(request: Request) -> Response:
             "max_total_tokens": st.limits.max_total_tokens,
             "validation_workers": s.validation_workers,
             "max_client_batch_size": s.max_client_batch_size,
+            "speculate": getattr(st.engine, "speculate", 0),  # draft tokens per decode step
             "router": "text-generation-router",
             "version": version(),
             "sha": None,

@@ -121,6 +121,7 @@ class RequestMetrics:
         self.input_length.observe(c.input_length)
         self.generated.observe(c.generated_tokens)
         self.max_new.observe(max_new_tokens)
+        self.skipped.observe(c.skipped_tokens)
 
     def failed(self, label: str) -> None:
         self.failure.labels(label).inc()

@@ -46,7 +46,7 @@ class Capabilities:
 
     quantize: frozenset[str] = frozenset()
     kv_cache_dtype: frozenset[str] = frozenset()
-    max_speculate: int = 0
+    max_speculate: int = 8  # tgix.engine.speculate.MAX_SPECULATE
     max_num_shard: int | None = None  # None: the engine checks against the devices
     lora: bool = False
 
@@ -238,8 +238,11 @@ def _check_unsupported(raw: dict, caps: Capabilities) -> None:
     if kv is not None and kv not in caps.kv_cache_dtype:
         raise _fail(f"`--kv-cache-dtype {kv}` is not implemented in tgix yet")
     speculate = raw["speculate"]
-    if speculate and speculate > caps.max_speculate:
-        raise _fail(f"`--speculate {speculate}`: speculative decoding is not implemented yet")
+    if speculate is not None and not 0 <= speculate <= caps.max_speculate:
+        raise _fail(
+            f"`--speculate {speculate}`: draft tokens per step must be within 0 and "
+            f"{caps.max_speculate}"
+        )
     if raw["lora_adapters"] and not caps.lora:
         raise _fail("`--lora-adapters`: LoRA adapters are not implemented in tgix yet")
     if raw["ngrok"]:

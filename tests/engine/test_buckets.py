@@ -86,3 +86,23 @@ def test_mixed_shapes_never_coincide_with_decode_shapes(batch):
             step = b.shape_for([*rows([1] * (n_rows - 1), start=5), *rows([chunk], start=9)])
             assert step in shapes and step.num_rows >= n_rows
             assert step.num_tokens >= n_rows - 1 + chunk and step.num_tokens > step.num_rows
+
+
+def test_speculation_adds_verify_shapes_of_rows_times_k_plus_1():
+    b = Buckets.build(
+        max_batch_prefill_tokens=64,
+        max_batch_size=8,
+        max_total_tokens=64,
+        page_size=4,
+        speculate=3,
+        speculate_rows=4,
+    )
+    verify = [s for s in b.model_shapes() if s.verify]
+    assert verify == [StepShape(False, 4 * r, r, 16, verify=True) for r in (1, 2, 4)]
+    assert b.shape_for(rows([4, 2, 1], start=9), verify=True) == verify[2]
+    assert verify[2].num_samples == 16 and b.shape_for(rows([1], start=5)).num_samples == 1
+    assert {(16, 1), (16, 64)} <= set(b.sampler_shapes())  # the sampler runs per token
+    plain = Buckets.build(
+        max_batch_prefill_tokens=64, max_batch_size=8, max_total_tokens=64, page_size=4
+    )
+    assert not [s for s in plain.model_shapes() if s.verify]

@@ -322,3 +322,27 @@ def test_host_modules_do_not_import_jax():
         "sys.exit(int('jax' in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_draft_pages_are_taken_for_the_step_and_given_back_after_it(make):
+    """A decode row with drafts gets the pages its k+1 tokens need (without preempting
+    anyone); after the step, KV counts the fed token and the accepted drafts only, and the
+    pages beyond what the sequence now needs go back to the pool."""
+    from tgix.engine.speculate import Draft
+
+    dev = make(num_pages=16, page_size=4, speculate=3, speculate_rows=4)
+    dev.sched.drafter = lambda seq: Draft((11, 12, 13))
+    seq = dev.add("a", 6, 10)
+    dev.step()  # the prompt: 6 tokens, then one sampled
+    assert (len(seq.pages), seq.num_computed, len(seq.output_ids)) == (2, 6, 1)
+    step = dev.sched.schedule()
+    (row,) = step.rows
+    assert (row.token_ids[1:], row.num_logits, row.start_pos) == ((11, 12, 13), 4, 6)
+    assert len(seq.pages) == 3 == len(row.pages)  # positions 6..9
+    dev.sched.on_step_done(step, {"a": [11, 99]})  # the first draft kept, then 99
+    assert (seq.output_ids[1:], seq.num_computed, len(seq.pages)) == ([11, 99], 8, 3)
+    step = dev.sched.schedule()
+    dev.sched.on_step_done(step, {"a": [5]})  # every draft rejected: 5 replaces the first (11)
+    assert (seq.num_computed, seq.total_len, len(seq.pages)) == (9, 10, 3)
+    assert seq.output_ids[1:] == [11, 99, 5]
+    dev.sched.finish("a", None)  # (the fake device holds no KV for the unrecorded steps)

@@ -129,9 +129,9 @@ def test_legacy_input_length_and_hostname():
             "Invalid argument: `--kv-cache-dtype fp8_e5m2` is not implemented in tgix yet",
         ),
         (
-            ["--speculate", "2"],
+            ["--speculate", "9"],
             {},
-            "Invalid argument: `--speculate 2`: speculative decoding is not implemented yet",
+            "Invalid argument: `--speculate 9`: draft tokens per step must be within 0 and 8",
         ),
         (
             ["--lora-adapters", "a/b"],

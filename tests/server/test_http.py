@@ -198,6 +198,7 @@ def test_info_and_models(http):
         "max_total_tokens",
         "validation_workers",
         "max_client_batch_size",
+        "speculate",
         "router",
         "version",
         "sha",
@@ -206,6 +207,7 @@ def test_info_and_models(http):
     assert info["model_id"] == "fake/echo" and info["max_concurrent_requests"] == 8
     assert (info["max_input_tokens"], info["max_total_tokens"]) == (200, 256)
     assert info["router"] == "text-generation-router" and info["max_client_batch_size"] == 3
+    assert info["speculate"] == 0
     r = http.get("/v1/models")
     assert r.content == (
         b'{"object":"list","data":[{"id":"fake/echo","object":"model","created":0,'
@@ -244,6 +246,8 @@ def test_metrics_names_types_and_values(make_client):
     assert 'tgi_request_duration_bucket{le="0.00015000000000000001"} 0.0' in lines
     assert "tgi_request_input_length_count 2.0" in lines
     assert 'tgi_request_generated_tokens_bucket{le="2.56"} 1.0' in lines
+    assert "tgi_request_skipped_tokens_count 2.0" in lines  # no drafts: 0 each
+    assert "tgi_request_skipped_tokens_sum 0.0" in lines
     assert not [line for line in lines if line.split(" ")[0].endswith(("_total", "_created"))]
 
 

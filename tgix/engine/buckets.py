@@ -6,6 +6,8 @@ fixed, finite set that the runner compiles ahead of time. Three shape families:
   fresh  every row starts at position 0 (a plain prefill): T tokens, R rows, no page reads
   paged  rows read KV from pages (decode; prompt chunks and prompts past a cached prefix):
          T tokens, R rows, P pages per row
+  verify decode rows that carry drafts (--speculate k): R rows of up to k+1 tokens each,
+         T = R * (k + 1), every token's logits sampled (the sampler runs T rows)
   sample the sampler per R rows and L history ids (L = 1 when no row uses penalties)
 
 Fresh T buckets step by 2x and 1.5x alternately from 32 (48, 64, 96, 128, ...): a prompt step
@@ -58,13 +60,20 @@ def _smallest(tokens: Sequence[int], rows_of, num_tokens: int, num_rows: int, ki
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepShape:
     """One compiled model step: `fresh` (prefill-only) or paged, padded to these sizes.
-    `all_logits`: also return every prompt token's logprob (decoder_input_details)."""
+    `all_logits`: also return every prompt token's logprob (decoder_input_details).
+    `verify`: logits at every token (T of them, not R): decode rows verifying drafts."""
 
     fresh: bool
     num_tokens: int
     num_rows: int
     pages_per_row: int
     all_logits: bool = False
+    verify: bool = False
+
+    @property
+    def num_samples(self) -> int:
+        """Rows of the sampler: one per token for a verify step, else one per row."""
+        return self.num_tokens if self.verify else self.num_rows
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,6 +93,8 @@ class Buckets:
     mixed_tokens: tuple[int, ...]  # T of paged steps with prompt rows (empty: fresh only)
     history: tuple[int, ...]  # L of the sampler (1 = no penalties in the step)
     prompt_logprobs: bool
+    speculate: int = 0  # draft tokens per row (0: no verify shapes)
+    verify_rows: tuple[int, ...] = ()  # R of verify steps (decode rows up to SPECULATE_ROWS)
 
     @classmethod
     def build(
@@ -96,6 +107,8 @@ class Buckets:
         chunked_prefill: bool = False,
         prefix_caching: bool = False,
         prompt_logprobs: bool = False,
+        speculate: int = 0,
+        speculate_rows: int = 0,
     ) -> Buckets:
         # A recomputed (preempted) request is prefilled whole, up to max_total_tokens; and a
         # prefill of max_batch_size short prompts needs a T with rows_for(T) rows.
@@ -116,6 +129,8 @@ class Buckets:
             mixed_tokens=mixed,
             history=(1, max_total_tokens),
             prompt_logprobs=prompt_logprobs,
+            speculate=speculate,
+            verify_rows=_powers(1, speculate_rows) if speculate and speculate_rows else (),
         )
 
     def rows_for(self, num_tokens: int) -> int:
@@ -134,7 +149,12 @@ class Buckets:
             shapes.append(StepShape(False, t, self.mixed_rows(t), p))
             if self.prompt_logprobs:
                 shapes.append(StepShape(False, t, self.mixed_rows(t), p, all_logits=True))
+        shapes += [self.verify_shape(r) for r in self.verify_rows]
         return shapes
+
+    def verify_shape(self, num_rows: int) -> StepShape:
+        r = bucket_for(num_rows, self.verify_rows)
+        return StepShape(False, r * (self.speculate + 1), r, self.pages_per_row, verify=True)
 
     def mixed_rows(self, num_tokens: int) -> int:
         """R of the mixed step of T tokens: T / 2 (at most max_rows; the largest T gets
@@ -148,11 +168,16 @@ class Buckets:
 
     def sampler_shapes(self) -> list[tuple[int, int]]:
         """(R, L) pairs of the sampler."""
-        rows = {s.num_rows for s in self.model_shapes()}
+        rows = {s.num_samples for s in self.model_shapes()}
         return [(r, length) for r in sorted(rows) for length in self.history]
 
-    def shape_for(self, rows: Sequence, *, all_logits: bool = False) -> StepShape:
-        """The smallest compiled shape holding these rows (objects with token_ids, start_pos)."""
+    def shape_for(
+        self, rows: Sequence, *, all_logits: bool = False, verify: bool = False
+    ) -> StepShape:
+        """The smallest compiled shape holding these rows (objects with token_ids, start_pos).
+        `verify`: decode rows with drafts (each at most speculate + 1 tokens)."""
+        if verify:
+            return self.verify_shape(len(rows))
         num_tokens = sum(len(r.token_ids) for r in rows)
         logits = all_logits and self.prompt_logprobs
         if all(r.start_pos == 0 for r in rows):

@@ -15,11 +15,18 @@ from collections.abc import Callable, Sequence
 from tgix.engine.plan import PlanRow, StepResult, TokenChoice
 from tgix.engine.request import GenerationError
 from tgix.engine.request_state import RequestState
+from tgix.engine.speculate import accepted_length
 
 
-def step_result(rows: Sequence[PlanRow], out) -> StepResult:
-    """Accepted tokens of each producing row (one per row: the sampled id) and the prompt
-    scores of rows that asked for every token's logits (out.prompt_logprobs [T]: entry t
+def _choice(out, i: int) -> TokenChoice:
+    top = tuple(zip(out.top_ids[i].tolist(), out.top_logprobs[i].tolist(), strict=True))
+    return TokenChoice(int(out.token_ids[i]), float(out.logprobs[i]), top)
+
+
+def step_result(rows: Sequence[PlanRow], out, *, verify: bool = False) -> StepResult:
+    """Accepted tokens of each producing row (one per row: the sampled id; in a verify step
+    the samples at the row's k+1 tokens while its drafts match them, speculate.py) and the
+    prompt scores of rows that asked for every token's logits (out.prompt_logprobs [T]: entry t
     scores token t + 1 of the packed axis, so a row's n tokens give n - 1 scores; with each,
     the top-n alternatives at that position)."""
     accepted, prompt_logprobs, offset = {}, {}, 0
@@ -36,10 +43,14 @@ def step_result(rows: Sequence[PlanRow], out) -> StepResult:
                 TokenChoice(0, lp, tuple(zip(ids, lps, strict=True)))
                 for lp, (ids, lps) in zip(out.prompt_logprobs[span].tolist(), tops, strict=True)
             ]
-        if row.produces_token:
-            top = tuple(zip(out.top_ids[i].tolist(), out.top_logprobs[i].tolist(), strict=True))
-            choice = TokenChoice(int(out.token_ids[i]), float(out.logprobs[i]), top)
-            accepted[row.request_id] = [choice]
+        if row.produces_token and verify and row.num_logits > 1:
+            sampled = out.token_ids[start:offset].tolist()
+            n = accepted_length(row.token_ids[1:], sampled)
+            accepted[row.request_id] = [_choice(out, t) for t in range(start, start + n)]
+        elif row.produces_token and verify:  # no drafts: its sample is at its last token
+            accepted[row.request_id] = [_choice(out, offset - 1)]
+        elif row.produces_token:
+            accepted[row.request_id] = [_choice(out, i)]
     return StepResult(accepted, prompt_logprobs)
 
 

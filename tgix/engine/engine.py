@@ -14,7 +14,9 @@ serving the others; a watchdog (`healthy`) reports whether steps still complete.
 This module holds the thread and its loop; each request's admission, token delivery and end
 are live_requests.py, the counters behind `stats()` engine_stats.py, a step's per-row
 sampling and masks step_inputs.py, the thread that builds lazily built grammars' masks
-while steps run mask_builder.py (a row whose next mask is not ready sits steps out).
+while steps run mask_builder.py (a row whose next mask is not ready sits steps out), the
+drafts that decode rows verify with `speculate` > 0 speculate.py (such a step is not run
+ahead: its drafts come from the previous step's tokens).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from tgix.engine.runahead import (
 )
 from tgix.engine.runner import Runner
 from tgix.engine.scheduler import Scheduler
+from tgix.engine.speculate import NgramProposer, Proposer, plan_draft
 from tgix.engine.step_inputs import row_inputs
 from tgix.engine.stream import RequestStream
 
@@ -71,6 +74,8 @@ class Engine:
         prewarm: bool = False,
         mask_wait_s: float | None = DEFAULT_WAIT_MS / 1000,
         mask_ahead: bool = False,
+        speculate: int = 0,
+        proposer: Proposer | None = None,
     ):
         self.runner, self.scheduler = runner, scheduler
         self.tokenizer, self.limits = tokenizer, limits
@@ -97,6 +102,11 @@ class Engine:
         self._prewarm = Prewarmer(runner) if prewarm else None  # idle-time first calls
         self._idle_since: float | None = None  # monotonic time the engine last went idle
         self.grammar_compiler = None  # tgix.grammar.GrammarCompiler, set by the factory
+        self.speculate = speculate if scheduler.config.speculate_rows else 0
+        self.proposer: Proposer = proposer or NgramProposer()  # drafts' source (replaceable)
+        if self.speculate:  # decode rows carry drafts (speculate.py), verified in the step
+            eos = frozenset(tokenizer.eos_token_ids)
+            scheduler.drafter = lambda seq: plan_draft(seq, self.proposer, self.speculate, eos)
         self._thread = threading.Thread(target=self._run, name="tgix-engine", daemon=True)
         self._thread.start()
 
@@ -216,7 +226,7 @@ class Engine:
         """Send a step to the device (rows may carry patched token ids; `token_ids` is the
         previous step's device output when it feeds this one directly)."""
         seqs = [self._live.get(r.request_id) for r in rows]
-        sampling, masks = row_inputs(rows, seqs)
+        sampling, masks = row_inputs(rows, seqs, verify=plan.verify)
         now = time.monotonic()
         for seq in seqs:
             if seq is not None:
@@ -229,6 +239,7 @@ class Engine:
                 prompt_logprobs=plan.all_logits,
                 device_token_ids=token_ids,
                 token_masks=masks,
+                verify=plan.verify,
             )
         except Exception as exc:  # a failed step ends its requests, not the engine
             logger.exception("step failed")
@@ -246,6 +257,8 @@ class Engine:
         path)."""
         if not self._overlap or inflight.plan.all_logits:
             return None
+        if self.speculate and len(inflight.rows) <= self.scheduler.config.speculate_rows:
+            return None  # the next step's drafts come from this step's tokens
         if self._inbox or self.scheduler.num_waiting:
             return None
         if not can_run_ahead(inflight.rows, inflight.seqs):
@@ -265,7 +278,7 @@ class Engine:
         plan, rows = inflight.plan, inflight.rows
         self._step_started = inflight.started
         try:
-            result = step_result(rows, Runner.fetch(inflight.handle))
+            result = step_result(rows, Runner.fetch(inflight.handle), verify=plan.verify)
         except Exception as exc:
             logger.exception("step failed")
             self._fail_step(plan, exc, committed_early=inflight.committed_early)

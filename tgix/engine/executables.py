@@ -91,13 +91,17 @@ class StepExecutables:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=self._replicated)
 
     def _model_step(self, params, token_ids, kv, md, logits_indices, *, shape: StepShape):
-        """Logits [R, V] (and the prompt scores: logprobs [T], top-n ids and logprobs [T, N])
-        come out replicated: on a mesh the LM head leaves V split over "model", and the
-        sampler, the mask and every process's read-back take whole rows."""
+        """Logits [R, V] ([T, V] for a verify shape) (and the prompt scores: logprobs [T],
+        top-n ids and logprobs [T, N]) come out replicated: on a mesh the LM head leaves V
+        split over "model", and the sampler, the mask and every process's read-back take
+        whole rows."""
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._params_def, params))
         whole = lambda a: jax.lax.with_sharding_constraint(a, self._replicated)
         if not shape.all_logits:
-            logits, kv = model(token_ids, kv, md, logits_indices, fresh_rows=shape.fresh)
+            logits, kv = model(
+                token_ids, kv, md, logits_indices, fresh_rows=shape.fresh,
+                tokenwise_rope=shape.verify,
+            )  # fmt: skip
             return whole(logits), None, kv
         logits, kv = model(token_ids, kv, md, None, fresh_rows=shape.fresh)  # [T, V]
         next_ids = jnp.roll(token_ids, -1)  # prompt_lp[t] scores token t + 1
@@ -140,7 +144,7 @@ class StepExecutables:
             self._spec((t,)),
             self._kv,
             md,
-            self._spec((r,)),
+            self._spec((shape.num_samples,)),
         )
 
     def _compile_sampler(self, rows: int, history: int):

@@ -28,6 +28,7 @@ from tgix.engine.limits import (
 from tgix.engine.mask_builder import ahead_from_env, budget_from_env
 from tgix.engine.runner import Runner, RunnerConfig
 from tgix.engine.scheduler import Scheduler, SchedulerConfig
+from tgix.engine.speculate import speculate_rows
 from tgix.models import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class EngineOptions:
     # objects without additionalProperties are closed (TGI, OpenAI); False: JSON Schema's open
     grammar_strict: bool = True
     host_memory_share: float = 1.0  # CPU: the part of the KV budget this engine takes
+    speculate: int = 0  # TGI's --speculate: draft tokens per decode row (speculate.py)
 
 
 def _kv_source(req: LimitRequest, effective, budget: int) -> str:
@@ -116,6 +118,7 @@ def create_engine(
         _kv_source(limits, effective, budget),
     )
     max_rows = bucket_batch_size(effective, on_cpu=on_cpu)
+    draft_rows = speculate_rows(options.speculate, max_rows, on_cpu=on_cpu)
     page_size = effective.page_size
     buckets = Buckets.build(
         max_batch_prefill_tokens=effective.max_batch_prefill_tokens,
@@ -125,6 +128,8 @@ def create_engine(
         chunked_prefill=effective.chunked_prefill,
         prefix_caching=options.prefix_caching,
         prompt_logprobs=options.prompt_logprobs,
+        speculate=options.speculate,
+        speculate_rows=draft_rows,
     )
     executable_cache = None
     if options.compilation_cache != "":
@@ -167,6 +172,8 @@ def create_engine(
             max_waiting_tokens=effective.max_waiting_tokens,
             waiting_served_ratio=effective.waiting_served_ratio,
             chunked_prefill=effective.chunked_prefill,
+            speculate=options.speculate,
+            speculate_rows=draft_rows,
         ),
         KVManager(num_pages, page_size, prefix_caching=options.prefix_caching),
     )
@@ -182,6 +189,7 @@ def create_engine(
         prewarm=options.prewarm,
         mask_wait_s=budget_from_env(),
         mask_ahead=ahead_from_env(accelerator=jax.default_backend() != "cpu"),
+        speculate=options.speculate,
     )
     engine.grammar_compiler = _grammar_compiler(tokenizer, cfg.vocab_size, options)
     engine.warmup(run_request=options.warmup)

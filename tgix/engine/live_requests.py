@@ -130,18 +130,36 @@ class LiveRequests(Mapping[str, RequestState]):
                 continue  # ended (cancelled, failed, stopped) while this step ran
             if row.request_id in result.prompt_logprobs and not seq.output.prefill:
                 seq.output.set_prefill(result.prompt_logprobs[row.request_id])
-            for choice in result.accepted.get(row.request_id, ()):
+            choices = result.accepted.get(row.request_id, ())
+            if len(choices) > 1:  # accepted drafts: each joins output_ids as it is delivered,
+                self._deliver_drafts(seq, choices, row.request_id in at_length, now)
+                continue  # so a request ending inside them never counts what follows
+            for choice in choices:
                 if not self._deliver(seq, choice, row.request_id in at_length, now):
                     break
 
-    def _deliver(self, seq: RequestState, choice, at_length: bool, now: float) -> bool:
-        """One accepted token to its stream; False once the request has ended."""
+    def _deliver_drafts(self, seq: RequestState, choices, at_length: bool, now: float) -> None:
+        """A verify row's accepted tokens (the scheduler appended them to output_ids), one by
+        one, as if each came from its own step."""
+        del seq.output_ids[len(seq.output_ids) - len(choices) :]
+        for j, choice in enumerate(choices):
+            last = j == len(choices) - 1
+            seq.output_ids.append(choice.token_id)
+            seq.accepted_drafts += j > 0
+            if not self._deliver(seq, choice, at_length and last, now, last):
+                break
+
+    def _deliver(
+        self, seq: RequestState, choice, at_length: bool, now: float, last: bool = True
+    ) -> bool:
+        """One accepted token to its stream; False once the request has ended. `last`: the
+        row's last accepted token this step (a grammar's forced tokens follow only that)."""
         before = len(seq.output_ids)
         items, reason = commit_token(
             seq,
             choice,
             at_length=at_length,
-            fast_forward=self._fast_forward,
+            fast_forward=self._fast_forward and last,
             mask_ready=self._mask_ready,
         )
         self.fast_forwarded += len(seq.output_ids) - before
@@ -155,12 +173,13 @@ class LiveRequests(Mapping[str, RequestState]):
                 seq.output.completion(
                     queue_time=(seq.started or now) - seq.submitted,
                     inference_time=now - (seq.started or now),
+                    skipped_tokens=seq.accepted_drafts,
                 )
             )
         if items and not seq.emit(items) and reason is None:
             self.finish(seq.request_id, None)  # the reader is gone
             return False
-        if reason is None and not seq.waiting_for_mask:
+        if reason is None and last and not seq.waiting_for_mask:
             self._mask_ready(seq)  # its next mask: built, or the row is held meanwhile
         return reason is None
 

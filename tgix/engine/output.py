@@ -90,7 +90,9 @@ class RequestOutput:
             events.append(TokenEvent(len(self.tokens), info, tops))
         return events
 
-    def completion(self, *, queue_time: float, inference_time: float) -> Completion:
+    def completion(
+        self, *, queue_time: float, inference_time: float, skipped_tokens: int = 0
+    ) -> Completion:
         if self._stops.matched is not None:  # the stop text stays, what follows it goes
             text = "".join(t.text for t in self.tokens if not t.special)
         else:
@@ -109,4 +111,5 @@ class RequestOutput:
             stop_sequence=self._stops.matched,
             queue_time=queue_time,
             inference_time=inference_time,
+            skipped_tokens=skipped_tokens,
         )

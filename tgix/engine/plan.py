@@ -75,6 +75,11 @@ class StepPlan:
         return any(r.num_logits > 1 for r in self.rows)
 
     @property
+    def verify(self) -> bool:
+        """A decode row carries drafts: every token of the step is scored (speculate.py)."""
+        return any(r.num_logits > 1 and not r.is_prompt for r in self.rows)
+
+    @property
     def kind(self) -> str:
         """'prefill' when any row computes prompt tokens, else 'decode' (TGI's metric label)."""
         return "prefill" if any(r.is_prompt for r in self.rows) else "decode"

@@ -112,9 +112,10 @@ def _model(runner, shape: StepShape) -> None:
             pages_per_row=shape.pages_per_row,
         )
         metadata = {k: packed[k] for k in METADATA_FIELDS}
-        logits, _ = runner.call_model(
-            shape, packed["token_ids"], metadata, packed["logits_indices"]
-        )
+        indices = packed["logits_indices"]
+        if shape.verify:  # every token's logits
+            indices = np.arange(shape.num_samples, dtype=np.int32)
+        logits, _ = runner.call_model(shape, packed["token_ids"], metadata, indices)
         logits.block_until_ready()
 
 

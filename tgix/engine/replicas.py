@@ -48,6 +48,7 @@ class Replicas:
         self.limits = first.limits  # per replica: each holds its own KV budget
         self.model_id = first.model_id
         self.grammar_compiler = first.grammar_compiler
+        self.speculate = first.speculate
         self._turn = itertools.count()
 
     def _load(self, engine) -> float:

@@ -104,7 +104,7 @@ class Completion:
 
     generated_text is decoded with special tokens skipped and keeps a matched stop sequence
     (as TGI does); `stop_sequence` says which one matched, so OpenAI routes can cut it off.
-    Times are seconds.
+    Times are seconds. `generated_tokens` counts every token, drafts that were accepted too.
     """
 
     generated_text: str
@@ -120,6 +120,7 @@ class Completion:
     stop_sequence: str | None = None
     queue_time: float = 0.0
     inference_time: float = 0.0
+    skipped_tokens: int = 0  # speculative drafts accepted (TGI's tgi_request_skipped_tokens)
 
 
 class GenerationError(Exception):

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from tgix.engine.mask_builder import has_mask
 from tgix.engine.output import RequestOutput
 from tgix.engine.request import EngineLimits, GenerationError, GenerationRequest, SamplingParams
+from tgix.engine.speculate import NO_DRAFT, Draft
 
 
 class Status(enum.StrEnum):
@@ -40,6 +41,8 @@ class RequestState:
                        KV, tokens matched from the cache, the chained hash of each full page
                        registered so far
     prompt_done        its prompt's last piece ran: from now on it decodes
+    draft, accepted_drafts   speculative decoding: the drafts its next row verifies, and
+                       how many drafts it has kept so far
     """
 
     request_id: str
@@ -68,6 +71,8 @@ class RequestState:
     grammar_state: int | frozenset = 0  # of request.grammar after the generated tokens
     grammar_failure: str | None = None  # a lazily built grammar ran past its budget
     waiting_for_mask: bool = False  # held out of steps until its next mask is built
+    draft: Draft = NO_DRAFT  # what its row in the step being built verifies (speculate.py)
+    accepted_drafts: int = 0  # drafts verified and kept (TGI's skipped tokens)
 
     @property
     def total_len(self) -> int:

@@ -50,9 +50,10 @@ class RunnerConfig:
 
 
 class StepOutput(NamedTuple):
-    """Per row: sampled id, its logprob, the top-n alternatives; per token (steps with
-    all_logits) the logprob of the next prompt token and the top-n alternatives at that
-    position (OpenAI's completions `echo` + `logprobs`). Device arrays until `fetch`."""
+    """Per row (per token in a verify step): sampled id, its logprob, the top-n
+    alternatives; per token (steps with all_logits) the logprob of the next prompt token
+    and the top-n alternatives at that position (OpenAI's completions `echo` +
+    `logprobs`). Device arrays until `fetch`."""
 
     token_ids: jax.Array  # [R] int32
     logprobs: jax.Array  # [R] f32
@@ -118,14 +119,16 @@ class Runner:
         prompt_logprobs: bool = False,
         device_token_ids: jax.Array | None = None,
         token_masks: Sequence[np.ndarray | None] | None = None,
+        verify: bool = False,
     ) -> StepOutput:
         """Dispatch one step: rows (PlanRow-like: token_ids, start_pos, pages) and one
         RowSampling per row. Returns device arrays; nothing waits for the device.
         `device_token_ids` [T] replaces the rows' ids with a device array (the previous decode
         step's sampled ids, same rows in the same order), so this step can be sent before
         those ids are read back. `token_masks`: per row a grammar's packed allowed-token
-        words [W] uint32, or None (unconstrained)."""
-        shape = self.config.buckets.shape_for(rows, all_logits=prompt_logprobs)
+        words [W] uint32, or None (unconstrained). `verify`: decode rows with drafts, every
+        token sampled (`sampling` and `token_masks` then hold one entry per token)."""
+        shape = self.config.buckets.shape_for(rows, all_logits=prompt_logprobs, verify=verify)
         host = pack_host_step(
             self.attention,
             rows,
@@ -165,12 +168,12 @@ class Runner:
         self.dispatched_at = time.monotonic()
         logits, prompt = self.call_model(shape, token_ids, md, logits_indices)
         if masks is not None:
-            logits = self.executables.mask_for(shape.num_rows)(logits, masks)
-            self.ran.add(("mask", shape.num_rows))
-        sampled = self.executables.sampler_for(shape.num_rows, host.history_len)(
+            logits = self.executables.mask_for(shape.num_samples)(logits, masks)
+            self.ran.add(("mask", shape.num_samples))
+        sampled = self.executables.sampler_for(shape.num_samples, host.history_len)(
             logits, SamplingArrays(**sampling), positions, history
         )
-        self.ran.add(("sampler", (shape.num_rows, host.history_len)))
+        self.ran.add(("sampler", (shape.num_samples, host.history_len)))
         return StepOutput(*sampled, *(prompt or ()))
 
     def call_model(self, shape: StepShape, token_ids, metadata: dict, logits_indices):

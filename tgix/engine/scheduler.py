@@ -11,13 +11,14 @@ on whatever of its pages the cache still holds.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tgix.engine.kv_manager import KVManager
 from tgix.engine.plan import PlanRow, RowKind, StepPlan
 from tgix.engine.prefix import PrefixIndex
 from tgix.engine.request_state import RequestState, Status
+from tgix.engine.speculate import NO_DRAFT, Draft
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +31,10 @@ class SchedulerConfig:
     max_waiting_tokens: int = 20
     waiting_served_ratio: float = 0.3
     chunked_prefill: bool = False
+    # speculative decoding: a decode-only step of at most speculate_rows rows gives each row
+    # the drafts `Scheduler.drafter` proposes, at most `speculate` tokens (0: never)
+    speculate: int = 0
+    speculate_rows: int = 0
 
     def __post_init__(self) -> None:
         total, size = self.max_batch_total_tokens, self.max_batch_size
@@ -65,6 +70,7 @@ class Scheduler:
         self._inflight: StepPlan | None = None
         self._preemptions = 0
         self._steps = 0
+        self.drafter: Callable[[RequestState], Draft] | None = None  # set by the engine
 
     @property
     def num_waiting(self) -> int:
@@ -151,14 +157,23 @@ class Scheduler:
         for row in live:
             seq = self._seqs[row.request_id]
             seq.num_computed = row.end_pos
-            self.prefix.register_computed(seq)
-            if row.produces_token:
-                seq.output_ids += accepted[row.request_id]
-                seq.prompt_done = True
-                if len(seq.output_ids) >= seq.max_new_tokens:
-                    del seq.output_ids[seq.max_new_tokens :]
-                    self.finish(seq.request_id, "length")
-                    finished.append(seq.request_id)
+            if not row.produces_token:
+                self.prefix.register_computed(seq)
+                continue
+            ids = accepted[row.request_id]
+            if row.num_logits > 1 and not row.is_prompt:
+                # a verify row: KV counts only for the fed token and the accepted drafts
+                seq.num_computed = row.start_pos + len(ids)
+            seq.output_ids += ids
+            if seq.draft.tokens:  # pages taken for rejected drafts go back
+                seq.draft = NO_DRAFT
+                self._shrink(seq, self.kv.pages_for(seq.total_len))
+            self.prefix.register_computed(seq)  # after the accepted drafts joined the ids
+            seq.prompt_done = True
+            if len(seq.output_ids) >= seq.max_new_tokens:
+                del seq.output_ids[seq.max_new_tokens :]
+                self.finish(seq.request_id, "length")
+                finished.append(seq.request_id)
         return finished
 
     def requeue_all(self) -> None:
@@ -190,7 +205,7 @@ class Scheduler:
         if not self._running:  # everything preempted: re-admit
             return self._classic_rows()
         self._waiting_tokens += 1
-        return [self._row(seq) for seq in self._running if not seq.mask_pending()]
+        return self._with_drafts([self._row(s) for s in self._running if not s.mask_pending()])
 
     def _chunked_rows(self) -> list[PlanRow]:
         """TGI with chunking: decode everyone, continue partial prompts, then admit new
@@ -209,7 +224,7 @@ class Scheduler:
         if max_size is not None:
             max_size -= len(self._running)
         prompt += [self._row(s, n) for s, n in self._admit(None, max_size, budget)]
-        return decode + prompt
+        return decode + prompt if prompt else self._with_drafts(decode)
 
     def _admit(
         self, min_size: int | None, max_size: int | None, budget: int
@@ -268,12 +283,42 @@ class Scheduler:
             if seq.status is Status.RUNNING:
                 self._grow(seq, len(seq.pages) + need)
 
+    def _with_drafts(self, rows: list[PlanRow]) -> list[PlanRow]:
+        """Decode rows (a step without prompt rows) with their drafts: each row with one fed
+        token gets what `drafter` proposes, up to the pages it holds or can take without
+        preempting anyone. Above speculate_rows rows the step is compute-bound on the
+        hardware measured (BENCHMARKS.md): no drafts. A row feeding a grammar's forced tokens
+        gets none, and above k+1 of them no row does (a verify row holds at most k+1)."""
+        if self.drafter is None or not rows or len(rows) > self.config.speculate_rows:
+            return rows
+        if max(len(r.token_ids) for r in rows) > self.config.speculate + 1:
+            return rows
+        out = []
+        for row in rows:
+            seq = self._seqs[row.request_id]
+            seq.draft = NO_DRAFT
+            draft = self.drafter(seq) if len(row.token_ids) == 1 else NO_DRAFT
+            tokens = draft.tokens
+            if tokens:
+                need = self.kv.pages_for(row.end_pos + len(tokens))
+                if need > len(seq.pages) and need - len(seq.pages) <= self._available():
+                    self._grow(seq, need)
+                tokens = tokens[: len(seq.pages) * self.kv.page_size - row.end_pos]
+            if tokens:
+                seq.draft = Draft(tokens, draft.states[: len(tokens) + 1])
+                ids = row.token_ids + tokens
+                row = PlanRow(row.request_id, row.kind, ids, row.start_pos, tuple(seq.pages),
+                              len(ids))  # fmt: skip
+            out.append(row)
+        return out
+
     def _preempt(self, seq: RequestState) -> None:
         """Recompute preemption: drop its pages (full ones stay cached), keep its tokens, put
         it back at the queue front."""
         self._running.remove(seq)
         self._release(seq)
         seq.num_computed, seq.num_cached, seq.prompt_done = 0, 0, False
+        seq.draft = NO_DRAFT
         seq.status = Status.WAITING
         self._waiting.appendleft(seq)
         self._preemptions += 1
@@ -287,6 +332,11 @@ class Scheduler:
         extra = num_pages - len(seq.pages)
         if extra > 0:
             seq.pages += self.kv.allocate(extra)
+
+    def _shrink(self, seq: RequestState, num_pages: int) -> None:
+        if len(seq.pages) > num_pages:
+            self.kv.release(seq.pages[num_pages:])
+            del seq.pages[num_pages:]
 
     def _release(self, seq: RequestState) -> None:
         self.kv.release(seq.pages)

@@ -40,11 +40,14 @@ class RowSampling:
 
 
 def row_inputs(
-    rows: Sequence, seqs: Sequence[RequestState | None]
+    rows: Sequence, seqs: Sequence[RequestState | None], *, verify: bool = False
 ) -> tuple[list[RowSampling], list[np.ndarray | None]]:
     """Per row (PlanRow-like) its RowSampling and its grammar's packed allowed-token words
     (None: unconstrained, or a row that produces no token). A row whose request ended
-    meanwhile (None) samples greedily; its result is discarded."""
+    meanwhile (None) samples greedily; its result is discarded. `verify`: one entry per
+    token instead (verify_inputs)."""
+    if verify:
+        return verify_inputs(rows, seqs)
     sampling = [
         RowSampling(seq.params, r.end_pos, seq.history())
         if seq is not None
@@ -55,6 +58,47 @@ def row_inputs(
         seq.token_mask() if seq is not None and r.produces_token else None
         for r, seq in zip(rows, seqs, strict=True)
     ]
+    return sampling, masks
+
+
+def verify_inputs(
+    rows: Sequence, seqs: Sequence[RequestState | None]
+) -> tuple[list[RowSampling], list[np.ndarray | None]]:
+    """A verify step samples at every token: a row [last, d1..dk] has k+1 entries, entry j
+    producing position start + j + 1 after the drafts d1..dj. Each entry sees exactly what
+    decoding without drafts would have at that point: its seeded draw keyed by that
+    position, penalties over the history with d1..dj appended, the watermark's previous
+    token dj, and the grammar mask of the state after d1..dj (seq.draft.states[j]). A row
+    without drafts (num_logits 1: one token, or a grammar's forced ones) samples at its last
+    token as in a decode step; its other entries are greedy fillers, never read."""
+    sampling, masks = [], []
+    for row, seq in zip(rows, seqs, strict=True):
+        n = len(row.token_ids)
+        if seq is None or row.num_logits == 1:
+            sampling += [RowSampling(SamplingParams(), row.start_pos + j + 1, []) for j in range(n)]
+            masks += [None] * n
+            if seq is not None:
+                sampling[-1] = RowSampling(seq.params, row.end_pos, seq.history())
+                masks[-1] = seq.token_mask()
+            continue
+        history = seq.history()
+        grammar = seq.request.grammar if seq.request is not None else None
+        states = seq.draft.states
+        for j in range(n):
+            drafts = row.token_ids[1 : j + 1]
+            if seq.params.uses_penalties:
+                seen = [*history, *drafts]
+            elif seq.params.watermark:
+                seen = list(drafts[-1:]) or history
+            else:
+                seen = []
+            sampling.append(RowSampling(seq.params, row.start_pos + j + 1, seen))
+            if grammar is None or seq.grammar_failure is not None:
+                masks.append(None)
+            elif j == 0:
+                masks.append(seq.token_mask())
+            else:
+                masks.append(grammar.mask(states[j]))
     return sampling, masks
 
 
@@ -69,10 +113,10 @@ def pack_host_step(
     vocab_size: int,
     token_masks: Sequence[np.ndarray | None] | None = None,
 ) -> HostStep:
-    """Rows (PlanRow-like: token_ids, start_pos, pages) and one RowSampling per row ->
-    the HostStep of `shape`. `history_lengths`: the buckets' history lengths (the shortest
-    unless a row uses penalties or a watermark); `token_masks`: per row packed words [W]
-    uint32 or None."""
+    """Rows (PlanRow-like: token_ids, start_pos, pages) and one RowSampling per row (per
+    token for a verify shape) -> the HostStep of `shape`. `history_lengths`: the buckets'
+    history lengths (the shortest unless a row uses penalties or a watermark);
+    `token_masks`: per row (per token) packed words [W] uint32 or None."""
     packed = backend.pack(
         rows,
         page_size=page_size,
@@ -81,18 +125,22 @@ def pack_host_step(
         pages_per_row=shape.pages_per_row,
     )
     history_len = _history_len(sampling, history_lengths)
-    positions = np.zeros(shape.num_rows, np.int32)
+    samples = shape.num_samples
+    positions = np.zeros(samples, np.int32)
     positions[: len(sampling)] = [s.position for s in sampling]
+    logits_indices = packed["logits_indices"]
+    if shape.verify:  # every token's logits, in token order
+        logits_indices = np.arange(samples, dtype=np.int32)
     return HostStep(
         shape=shape,
         history_len=history_len,
         token_ids=packed["token_ids"],
         metadata={k: packed[k] for k in METADATA_FIELDS},
-        logits_indices=packed["logits_indices"],
-        sampling=pack_sampling([s.params for s in sampling], shape.num_rows),
+        logits_indices=logits_indices,
+        sampling=pack_sampling([s.params for s in sampling], samples),
         positions=positions,
-        history=pack_history([s.history for s in sampling], shape.num_rows, history_len),
-        masks=_pack_masks(token_masks, shape.num_rows, vocab_size),
+        history=pack_history([s.history for s in sampling], samples, history_len),
+        masks=_pack_masks(token_masks, samples, vocab_size),
     )
 
 

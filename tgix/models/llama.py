@@ -93,15 +93,18 @@ class LlamaForCausalLM(nnx.Module):
         logits_indices: jax.Array | None = None,
         *,
         fresh_rows: bool = False,
+        tokenwise_rope: bool = False,
     ) -> tuple[jax.Array, tuple[LayerKV, ...]]:
         """token_ids [T] -> logits [T, V] (or [R, V] at `logits_indices` [R]), new KV pages.
 
         Logits only where asked: a prefill of T tokens needs one row per request, and the
         [T, V] matmul would otherwise dominate small models. `fresh_rows` (static) promises
         that no row has KV from earlier steps (a plain prefill), which selects the page-free
-        prefill attention.
+        prefill attention. `tokenwise_rope` (static): each token's "dynamic" rope base is the
+        one it would get decoded alone (KV length = position + 1), so a verify step's drafts
+        are scored exactly as plain decode steps would score them.
         """
-        context_lens = md.kv_lens[md.token_rows]  # [T]
+        context_lens = md.positions + 1 if tokenwise_rope else md.kv_lens[md.token_rows]  # [T]
         cos, sin = rope_cos_sin(self.cfg, md.positions, context_lens)  # [T, H] each
         x = self.embed_tokens(token_ids)  # [T, D]
         new_pages = []

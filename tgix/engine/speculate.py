@@ -1,0 +1,147 @@
+"""Speculative decoding's host side (numpy, no jax): who proposes drafts, and how far a draft
+may go before the step verifies it.
+
+A proposer guesses the next k tokens of a request from what it has (`Proposer.propose(ids,
+k)`, ids = prompt + generated). `NgramProposer` is prompt lookup: the longest suffix of ids
+(max_n down to min_n tokens) that occurred earlier, and the tokens that followed its latest
+earlier occurrence. TGI's rule is the 1-gram, first-match case (`create_n_gram_speculation`);
+a longer, more recent match is the better guess on code edits and extractive answers, where
+the text being copied is the one the last tokens came from.
+
+`plan_draft` turns a proposal into what the step may verify: never past max_new_tokens (the
+k+1 sampled tokens must fit), cut after an EOS, and for a grammar row only as long as every
+draft token is allowed and the mask after it is already built (the host walks the grammar's
+states; each draft position is masked with its own state, not the row's pre-draft one). The
+grammar's own forced tokens are the surest proposer of all and need no verification: the
+engine's fast-forward appends them at commit (commit.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from tgix.engine.mask_builder import has_mask
+
+if TYPE_CHECKING:
+    from tgix.engine.request_state import RequestState
+
+LOOKBACK = 8192  # tokens searched for a match (the scan is linear in it)
+
+
+class Proposer(Protocol):
+    def propose(self, ids: Sequence[int], k: int) -> tuple[int, ...]:
+        """Up to k guessed next tokens after ids (may be fewer, or none)."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramProposer:
+    """Prompt lookup over the request's own tokens: the longest suffix n-gram (max_n down to
+    min_n) found earlier in ids, latest occurrence first; its k followers are the draft.
+    A match whose continuation is shorter than k (it ran into the end) gives what there is."""
+
+    max_n: int = 3
+    min_n: int = 1
+
+    def propose(self, ids: Sequence[int], k: int) -> tuple[int, ...]:
+        if k <= 0 or len(ids) < 2:
+            return ()
+        seq = np.asarray(ids[-LOOKBACK:], dtype=np.int64)
+        size = len(seq)
+        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
+            suffix = seq[size - n :]
+            # starts s < size - n where seq[s : s + n] == suffix, found by ANDing shifted
+            # equalities (n is small: a few vector passes over the window)
+            hits = seq[: size - n] == suffix[0]
+            for j in range(1, n):
+                hits[: size - n - j] &= seq[j : size - n] == suffix[j]
+                hits[size - n - j :] = False
+            starts = np.flatnonzero(hits)
+            if starts.size:
+                follow = int(starts[-1]) + n
+                return tuple(int(t) for t in seq[follow : follow + k])
+        return ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Draft:
+    """What a row verifies: draft tokens, and the grammar state before each of its k+1
+    sampled positions (empty without a grammar)."""
+
+    tokens: tuple[int, ...] = ()
+    states: tuple = ()
+
+
+NO_DRAFT = Draft()
+
+
+def plan_draft(seq: RequestState, proposer: Proposer, k: int, eos: frozenset[int]) -> Draft:
+    """The draft for seq's next step, within what the host can see: at most k tokens and
+    max_new_tokens - generated - 1 (every position samples), ending at an EOS, and for a
+    grammar row stopping before a token its state forbids or a state whose mask is not
+    built. A request that decodes more than one fed token (forced tokens pending) or wants
+    more than its row (prompt logprobs) gets none."""
+    room = min(k, seq.max_new_tokens - len(seq.output_ids) - 1)
+    if room <= 0 or seq.num_computed != seq.total_len - 1 or not seq.output_ids:
+        return NO_DRAFT
+    if seq.output_ids[-1] < 0:  # a placeholder (run-ahead): the last token is not known yet
+        return NO_DRAFT
+    tokens = proposer.propose(seq.all_ids(), room)
+    if not tokens:
+        return NO_DRAFT
+    if not (seq.request is not None and seq.request.ignore_eos):
+        for i, t in enumerate(tokens):
+            if t in eos:
+                tokens = tokens[: i + 1]
+                break
+    grammar = None if seq.request is None else seq.request.grammar
+    if grammar is None:
+        return Draft(tuple(tokens))
+    if seq.grammar_failure is not None:
+        return NO_DRAFT
+    states = [seq.grammar_state]
+    for t in tokens:
+        try:
+            state = grammar.advance(states[-1], t)
+        except ValueError:  # forbidden here (or a lazy grammar's budget): the draft ends
+            break
+        if not has_mask(grammar, state):
+            break
+        states.append(state)
+    return Draft(tuple(tokens[: len(states) - 1]), tuple(states)) if len(states) > 1 else NO_DRAFT
+
+
+def accepted_length(drafts: Sequence[int], sampled: Sequence[int]) -> int:
+    """How many of a row's k+1 sampled tokens it keeps: sampled[j] scores the position after
+    drafts[:j], so each draft that equals the token sampled before it lets the next sample
+    count too; the first mismatch (that sample replaces the draft) or the last ends it."""
+    n = 1
+    for draft, pick in zip(drafts, sampled, strict=False):
+        if draft != pick:
+            break
+        n += 1
+    return min(n, len(sampled))
+
+
+MAX_SPECULATE = 8  # --speculate above this is refused (each verify shape holds R * (k+1))
+# A verify step stops paying once its R * (k+1) tokens make the step compute-bound: on
+# XLA:CPU (f32) a 16-token step costs ~1.3 decode steps and a 32-token one ~2 (BENCHMARKS.md,
+# "Speculative decoding"); accelerators stay memory-bound far longer (TGI skips Medusa above
+# 128 tokens).
+VERIFY_TOKENS = {"cpu": 16, "accelerator": 128}
+
+
+def speculate_rows(speculate: int, max_rows: int, *, on_cpu: bool) -> int:
+    """The most decode rows a step gives drafts to: a power of two (a verify bucket) with
+    rows * (speculate + 1) <= VERIFY_TOKENS, at least 1, at most max_rows."""
+    if speculate <= 0:
+        return 0
+    limit = VERIFY_TOKENS["cpu" if on_cpu else "accelerator"] // (speculate + 1)
+    rows = 1
+    while rows * 2 <= min(limit, max_rows):
+        rows *= 2
+    return rows
