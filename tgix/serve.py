@@ -108,6 +108,7 @@ def build_engine(settings):
         grammar_strict=os.environ.get("TGIX_GRAMMAR_STRICT", "1") != "0",
         prewarm=True,
         speculate=settings.speculate or 0,
+        verify_tokens=int(os.environ.get("TGIX_VERIFY_TOKENS", "0")) or None,
     )
     model_id = settings.model_id or DEFAULT_MODEL_NAME
     try:

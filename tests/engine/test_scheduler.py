@@ -345,4 +345,7 @@ def test_draft_pages_are_taken_for_the_step_and_given_back_after_it(make):
     dev.sched.on_step_done(step, {"a": [5]})  # every draft rejected: 5 replaces the first (11)
     assert (seq.num_computed, seq.total_len, len(seq.pages)) == (9, 10, 3)
     assert seq.output_ids[1:] == [11, 99, 5]
+    assert (seq.draft_misses, seq.draft_pause) == (1, 1)  # it sits the next step out
+    (row,) = dev.sched.schedule().rows
+    assert (row.token_ids, row.num_logits, seq.draft_pause) == ((5,), 1, 0)
     dev.sched.finish("a", None)  # (the fake device holds no KV for the unrecorded steps)

@@ -140,10 +140,12 @@ def test_plan_draft_walks_a_grammar_and_keeps_each_positions_state(monkeypatch):
 
 def test_speculate_rows_keeps_verify_steps_small():
     assert speculate_rows(0, 8, on_cpu=True) == 0
-    assert speculate_rows(3, 8, on_cpu=True) == 4  # 4 * 4 tokens
-    assert speculate_rows(5, 8, on_cpu=True) == 2
-    assert speculate_rows(8, 8, on_cpu=True) == 1
+    assert speculate_rows(3, 8, on_cpu=True) == 2  # 2 * 4 tokens
+    assert speculate_rows(2, 8, on_cpu=True) == 2
+    assert speculate_rows(5, 8, on_cpu=True) == 1
+    assert speculate_rows(8, 8, on_cpu=True) == 1  # always one row
     assert speculate_rows(3, 8, on_cpu=False) == 8  # at most max_rows
+    assert speculate_rows(3, 8, on_cpu=True, verify_tokens=16) == 4
 
 
 # ---------------------------------------------------------------------------- the engine
@@ -151,15 +153,17 @@ def test_speculate_rows_keeps_verify_steps_small():
 
 @pytest.fixture(scope="module")
 def engines(tiny_checkpoints, xla_cache):
-    """(family, k) -> a speculating engine (compiled on demand: few shapes run here)."""
+    """(family, k) -> a speculating engine (compiled on demand: few shapes run here); verify
+    steps of up to 16 tokens (4 rows at k = 3), so batches of several rows draft."""
     made = {}
 
     def get(family="llama", k=3, **kw):
         key = (family, k, tuple(sorted(kw.items())))
         if key not in made:
             made[key] = make_engine(
-                tiny_checkpoints(family), xla_cache, speculate=k, compile=False, **kw
-            )
+                tiny_checkpoints(family), xla_cache, speculate=k, compile=False,
+                verify_tokens=16, **kw,
+            )  # fmt: skip
         eng = made[key]
         eng.proposer = NoDrafts()
         return eng

@@ -255,10 +255,11 @@ class Engine:
         fed by the device's sampled ids; otherwise return it to dispatch once the ids are
         known. Only when nothing is waiting (admissions and cancels take the synchronous
         path)."""
-        if not self._overlap or inflight.plan.all_logits:
+        if not self._overlap or inflight.plan.all_logits or inflight.plan.verify:
             return None
-        if self.speculate and len(inflight.rows) <= self.scheduler.config.speculate_rows:
-            return None  # the next step's drafts come from this step's tokens
+        drafting = self.speculate and len(inflight.rows) <= self.scheduler.config.speculate_rows
+        if drafting and any(s is not None and s.draft_pause == 0 for s in inflight.seqs):
+            return None  # the next step may draft: its drafts need this step's tokens
         if self._inbox or self.scheduler.num_waiting:
             return None
         if not can_run_ahead(inflight.rows, inflight.seqs):

@@ -58,6 +58,7 @@ class EngineOptions:
     grammar_strict: bool = True
     host_memory_share: float = 1.0  # CPU: the part of the KV budget this engine takes
     speculate: int = 0  # TGI's --speculate: draft tokens per decode row (speculate.py)
+    verify_tokens: int | None = None  # most tokens of a verify step (None: measured default)
 
 
 def _kv_source(req: LimitRequest, effective, budget: int) -> str:
@@ -118,7 +119,9 @@ def create_engine(
         _kv_source(limits, effective, budget),
     )
     max_rows = bucket_batch_size(effective, on_cpu=on_cpu)
-    draft_rows = speculate_rows(options.speculate, max_rows, on_cpu=on_cpu)
+    draft_rows = speculate_rows(
+        options.speculate, max_rows, on_cpu=on_cpu, verify_tokens=options.verify_tokens
+    )
     page_size = effective.page_size
     buckets = Buckets.build(
         max_batch_prefill_tokens=effective.max_batch_prefill_tokens,

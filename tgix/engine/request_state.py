@@ -43,6 +43,9 @@ class RequestState:
     prompt_done        its prompt's last piece ran: from now on it decodes
     draft, accepted_drafts   speculative decoding: the drafts its next row verifies, and
                        how many drafts it has kept so far
+    draft_misses, draft_pause   verify steps whose drafts were all rejected (halved by one
+                       that kept a draft), and how many more decode steps it sits out of
+                       drafting (speculate.pause_after)
     """
 
     request_id: str
@@ -73,6 +76,8 @@ class RequestState:
     waiting_for_mask: bool = False  # held out of steps until its next mask is built
     draft: Draft = NO_DRAFT  # what its row in the step being built verifies (speculate.py)
     accepted_drafts: int = 0  # drafts verified and kept (TGI's skipped tokens)
+    draft_misses: int = 0
+    draft_pause: int = 0
 
     @property
     def total_len(self) -> int:

@@ -18,7 +18,7 @@ from tgix.engine.kv_manager import KVManager
 from tgix.engine.plan import PlanRow, RowKind, StepPlan
 from tgix.engine.prefix import PrefixIndex
 from tgix.engine.request_state import RequestState, Status
-from tgix.engine.speculate import NO_DRAFT, Draft
+from tgix.engine.speculate import NO_DRAFT, Draft, pause_after
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,6 +166,8 @@ class Scheduler:
                 seq.num_computed = row.start_pos + len(ids)
             seq.output_ids += ids
             if seq.draft.tokens:  # pages taken for rejected drafts go back
+                seq.draft_misses = seq.draft_misses + 1 if len(ids) == 1 else seq.draft_misses // 2
+                seq.draft_pause = pause_after(seq.draft_misses)
                 seq.draft = NO_DRAFT
                 self._shrink(seq, self.kv.pages_for(seq.total_len))
             self.prefix.register_computed(seq)  # after the accepted drafts joined the ids
@@ -297,6 +299,10 @@ class Scheduler:
         for row in rows:
             seq = self._seqs[row.request_id]
             seq.draft = NO_DRAFT
+            if seq.draft_pause > 0:  # its last drafts were rejected (speculate.pause_after)
+                seq.draft_pause -= 1
+                out.append(row)
+                continue
             draft = self.drafter(seq) if len(row.token_ids) == 1 else NO_DRAFT
             tokens = draft.tokens
             if tokens:

@@ -127,20 +127,35 @@ def accepted_length(drafts: Sequence[int], sampled: Sequence[int]) -> int:
     return min(n, len(sampled))
 
 
+def pause_after(misses: int) -> int:
+    """Decode steps a row skips drafting after a verify step that kept none of its drafts,
+    `misses` counting such steps (each one that kept a draft halves it): 1, 3, 7, then 15.
+    Text that does not repeat its context (free chat, where a chance hit now and then must
+    not restart drafting every step) then costs verify steps rarely, and a row whose drafts
+    start hitting again (a quote, a copied block) is back to drafting every step within a few
+    steps. While every row pauses, decode steps run ahead."""
+    return min(2**misses - 1, 15)
+
+
 MAX_SPECULATE = 8  # --speculate above this is refused (each verify shape holds R * (k+1))
-# A verify step stops paying once its R * (k+1) tokens make the step compute-bound: on
-# XLA:CPU (f32) a 16-token step costs ~1.3 decode steps and a 32-token one ~2 (BENCHMARKS.md,
-# "Speculative decoding"); accelerators stay memory-bound far longer (TGI skips Medusa above
-# 128 tokens).
-VERIFY_TOKENS = {"cpu": 16, "accelerator": 128}
+# A verify step stops paying once its R * (k+1) tokens make the step compute-bound. On XLA:CPU
+# (f32, SmolLM2-135M, 2 cores) a verify step of T tokens costs, in decode steps: T=4 1.2,
+# T=8 1.3-1.5, T=16 2.0-2.5, T=32 2.7 (`python -m benchmarks.speculate --verify-cost`,
+# BENCHMARKS.md): past 8 tokens the drafts would have to be nearly always right. Accelerators
+# stay memory-bound far longer (TGI skips Medusa above 128 tokens; not measured here yet).
+VERIFY_TOKENS = {"cpu": 8, "accelerator": 128}
 
 
-def speculate_rows(speculate: int, max_rows: int, *, on_cpu: bool) -> int:
+def speculate_rows(
+    speculate: int, max_rows: int, *, on_cpu: bool, verify_tokens: int | None = None
+) -> int:
     """The most decode rows a step gives drafts to: a power of two (a verify bucket) with
-    rows * (speculate + 1) <= VERIFY_TOKENS, at least 1, at most max_rows."""
+    rows * (speculate + 1) <= verify_tokens (default VERIFY_TOKENS), at least 1, at most
+    max_rows."""
     if speculate <= 0:
         return 0
-    limit = VERIFY_TOKENS["cpu" if on_cpu else "accelerator"] // (speculate + 1)
+    tokens = verify_tokens or VERIFY_TOKENS["cpu" if on_cpu else "accelerator"]
+    limit = tokens // (speculate + 1)
     rows = 1
     while rows * 2 <= min(limit, max_rows):
         rows *= 2
