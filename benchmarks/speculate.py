@@ -10,12 +10,14 @@ Workloads (greedy, chat template, stop at EOS or max tokens):
   code  the prompt holds a small Python module; the answer rewrites it with one small change
   qa    a ~700-token passage of docs/architecture.md; the answer quotes the sentences asked for
   chat  open questions; nothing in the prompt to copy
-Each engine (one per --speculate value, compiled on demand) runs every workload once untimed
-(its first calls compile), then once timed. Concurrency c submits c requests at once
-(prompts cycled); tok/s is generated tokens over the wall time of the run; "per step" is a
-request's decode tokens per step it was in (1 + accepted drafts / decode steps); "same" says
-whether every request's ids equal the run without speculation; "3/2" is k=3 with n-gram
-matches of at least 2 tokens (the default proposer takes 1-token matches too).
+Every engine (one per --speculate value, compiled on demand) is up at once; for each
+workload and concurrency each runs it once untimed (its first calls compile), then the
+engines run it timed one after another (--repeats times, rotating the order).
+Concurrency c submits c requests at once (prompts cycled); tok/s is generated tokens over
+the wall time of the run; "per step" is a request's decode tokens per step it was in
+(1 + accepted drafts / decode steps); "same" says whether every request's ids equal the
+run without speculation; "3/2" is k=3 with n-gram matches of at least 2 tokens (the
+default proposer takes 1-token matches too).
 --verify-cost times R rows decoding 1 token a step against R rows verifying k+1 (every
 draft rejected, so one token a step either way), the limit of rows per verify step lifted:
 the median time between a request's tokens, and the engine's step durations.
@@ -148,23 +150,36 @@ def run_workload(engine, prompts, max_new: int, concurrency: int) -> dict:
 
 
 def compare(args) -> dict:
+    """Every engine at once (one per config), so each workload's runs are minutes apart at
+    most: the machine's speed drifts between runs (shared cores), and a ratio of runs taken
+    far apart measures the drift."""
     results: dict = {}
-    for config in args.speculate:  # "k" or "k/min_n" (the n-gram's shortest match)
-        k, _, min_n = config.partition("/")
-        engine = make_engine(int(k), args.kv_tokens)
-        k = config
-        if min_n:
-            engine.proposer = speculate.NgramProposer(min_n=int(min_n))
-        try:
-            for name in args.workloads:
-                prompts = workload_prompts(engine.tokenizer, name)
-                for c in args.concurrency:
+    engines = {}
+    try:
+        for config in args.speculate:  # "k" or "k/min_n" (the n-gram's shortest match)
+            k, _, min_n = config.partition("/")
+            engines[config] = make_engine(int(k), args.kv_tokens)
+            if min_n:
+                engines[config].proposer = speculate.NgramProposer(min_n=int(min_n))
+        for name in args.workloads:
+            prompts = workload_prompts(engines[args.speculate[0]].tokenizer, name)
+            for c in args.concurrency:
+                for engine in engines.values():
                     run_workload(engine, prompts, MAX_NEW[name], c)  # compiles its shapes
-                    results[(k, name, c)] = run_workload(engine, prompts, MAX_NEW[name], c)
-                    r = results[(k, name, c)]
-                    print(f"k={k} {name} c={c}: {r['tok_s']:.1f} tok/s, {r['per_step']:.2f}/step")
-        finally:
+                for rep in range(args.repeats):
+                    order = args.speculate[rep:] + args.speculate[:rep]
+                    for config in order:
+                        r = run_workload(engines[config], prompts, MAX_NEW[name], c)
+                        results.setdefault((config, name, c), []).append(r)
+                        print(f"{config} {name} c={c}: {r['tok_s']:.1f} tok/s, "
+                              f"{r['per_step']:.2f}/step")  # fmt: skip
+    finally:
+        for engine in engines.values():
             engine.shutdown()
+    results = {
+        key: {**runs[0], "tok_s": median(r["tok_s"] for r in runs), "runs": len(runs)}
+        for key, runs in results.items()
+    }
     rows = []
     for name in args.workloads:
         for c in args.concurrency:
@@ -257,7 +272,8 @@ def main(argv=None) -> None:
     parser.add_argument("--verify-cost", action="store_true")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--draft", type=int, nargs="+", default=[3, 7])
-    parser.add_argument("--kv-tokens", type=int, default=32768)
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs (rotating order)")
+    parser.add_argument("--kv-tokens", type=int, default=16384)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     results = {"machine": machine()}
