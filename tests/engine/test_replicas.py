@@ -13,6 +13,7 @@ class FakeEngine:
         self.name, self.load, self.submitted, self.cancelled = name, load, [], []
         self.tokenizer = self.limits = self.grammar_compiler = None
         self.model_id = "m"
+        self.speculate = 3  # --speculate, reported by /info
         self.ok = True
 
     def stats(self):
@@ -32,6 +33,7 @@ class FakeEngine:
 def test_requests_go_to_the_least_busy_replica_ties_in_turn():
     a, b, c = FakeEngine("a"), FakeEngine("b"), FakeEngine("c", load=5)
     replicas = Replicas([a, b, c])
+    assert replicas.speculate == 3
     assert [replicas.submit(object()) for _ in range(4)] == ["a", "b", "a", "b"]
     a.load, c.load = 3, 0
     assert {replicas.submit(object()) for _ in range(4)} == {"b", "c"}
