@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
+
 
 def _powers(lo: int, hi: int, factor: int = 2) -> tuple[int, ...]:
     """lo, lo*factor, ... up to the first value >= hi (so hi always fits)."""
@@ -74,6 +76,11 @@ class StepShape:
     def num_samples(self) -> int:
         """Rows of the sampler: one per token for a verify step, else one per row."""
         return self.num_tokens if self.verify else self.num_rows
+
+    def logits_indices(self, row_ends: np.ndarray) -> np.ndarray:
+        """Which tokens' logits the step returns: the backend's pack gives each row's last
+        token (`row_ends` [R]); a verify step takes every token, in packed order [T]."""
+        return np.arange(self.num_tokens, dtype=np.int32) if self.verify else row_ends
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -74,7 +74,6 @@ class Engine:
         prewarm: bool = False,
         mask_wait_s: float | None = DEFAULT_WAIT_MS / 1000,
         mask_ahead: bool = False,
-        speculate: int = 0,
         proposer: Proposer | None = None,
     ):
         self.runner, self.scheduler = runner, scheduler
@@ -102,7 +101,8 @@ class Engine:
         self._prewarm = Prewarmer(runner) if prewarm else None  # idle-time first calls
         self._idle_since: float | None = None  # monotonic time the engine last went idle
         self.grammar_compiler = None  # tgix.grammar.GrammarCompiler, set by the factory
-        self.speculate = speculate if scheduler.config.speculate_rows else 0
+        config = scheduler.config
+        self.speculate = config.speculate if config.speculate_rows else 0  # draft tokens
         self.proposer: Proposer = proposer or NgramProposer()  # drafts' source (replaceable)
         if self.speculate:  # decode rows carry drafts (speculate.py), verified in the step
             eos = frozenset(tokenizer.eos_token_ids)

@@ -192,7 +192,6 @@ def create_engine(
         prewarm=options.prewarm,
         mask_wait_s=budget_from_env(),
         mask_ahead=ahead_from_env(accelerator=jax.default_backend() != "cpu"),
-        speculate=options.speculate,
     )
     engine.grammar_compiler = _grammar_compiler(tokenizer, cfg.vocab_size, options)
     engine.warmup(run_request=options.warmup)

@@ -112,9 +112,7 @@ def _model(runner, shape: StepShape) -> None:
             pages_per_row=shape.pages_per_row,
         )
         metadata = {k: packed[k] for k in METADATA_FIELDS}
-        indices = packed["logits_indices"]
-        if shape.verify:  # every token's logits
-            indices = np.arange(shape.num_samples, dtype=np.int32)
+        indices = shape.logits_indices(packed["logits_indices"])
         logits, _ = runner.call_model(shape, packed["token_ids"], metadata, indices)
         logits.block_until_ready()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tgix.engine.kv_manager import KVManager
 from tgix.engine.plan import PlanRow, RowKind, StepPlan
@@ -313,8 +313,7 @@ class Scheduler:
             if tokens:
                 seq.draft = Draft(tokens, draft.states[: len(tokens) + 1])
                 ids = row.token_ids + tokens
-                row = PlanRow(row.request_id, row.kind, ids, row.start_pos, tuple(seq.pages),
-                              len(ids))  # fmt: skip
+                row = replace(row, token_ids=ids, pages=tuple(seq.pages), num_logits=len(ids))
             out.append(row)
         return out
 

@@ -128,9 +128,7 @@ def pack_host_step(
     samples = shape.num_samples
     positions = np.zeros(samples, np.int32)
     positions[: len(sampling)] = [s.position for s in sampling]
-    logits_indices = packed["logits_indices"]
-    if shape.verify:  # every token's logits, in token order
-        logits_indices = np.arange(samples, dtype=np.int32)
+    logits_indices = shape.logits_indices(packed["logits_indices"])
     return HostStep(
         shape=shape,
         history_len=history_len,
