@@ -63,7 +63,7 @@ def time_step(runner, rows, shape) -> float:
     step = runner.executables.model_for(shape)
 
     def call():
-        logits, _, runner.kv = step(
+        logits, _, _, runner.kv = step(
             runner._params, packed["token_ids"], runner.kv, md, packed["logits_indices"]
         )
         logits.block_until_ready()

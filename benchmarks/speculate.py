@@ -250,7 +250,7 @@ def _recorder(steps: dict):
 
 
 class _NoDrafts:
-    def propose(self, ids, k):
+    def propose(self, seq, k):
         return ()
 
 
@@ -260,7 +260,7 @@ class _Rejected:
     def __init__(self, k: int):
         self.k = k
 
-    def propose(self, ids, k):
+    def propose(self, seq, k):
         return tuple(range(3, 3 + k))
 
 

@@ -107,7 +107,7 @@ def build_engine(settings):
         grammar_workers=-1 if settings.disable_grammar_support else 1,
         grammar_strict=os.environ.get("TGIX_GRAMMAR_STRICT", "1") != "0",
         prewarm=True,
-        speculate=settings.speculate or 0,
+        speculate=settings.speculate,
         verify_tokens=int(os.environ.get("TGIX_VERIFY_TOKENS", "0")) or None,
     )
     model_id = settings.model_id or DEFAULT_MODEL_NAME

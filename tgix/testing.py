@@ -191,6 +191,46 @@ def write_tiny_checkpoint(
     return path
 
 
+def write_medusa_heads(
+    base, path, *, num_heads: int = 3, num_layers: int = 1, layout: str = "v1",
+    copy: bool = False, seed: int = 0,
+) -> pathlib.Path:  # fmt: skip
+    """A Medusa folder for the checkpoint at ``base`` (tgix/models/medusa.py's layout):
+    config.json naming ``base`` and ``medusa_lm_head.safetensors`` with ``num_heads`` heads
+    of ``num_layers`` residual blocks. ``copy``: blocks of zeros and out projections equal
+    to the base LM head, so every head guesses "the next token again" (right whenever the
+    text repeats a token); else random blocks and out projections near the LM head.
+    ``layout="v2"`` writes no out projections (the heads share the base LM head)."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    base, path = pathlib.Path(base), pathlib.Path(path)
+    tensors: dict = {}
+    for file in sorted(base.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    lm_head = tensors.get("lm_head.weight", tensors["model.embed_tokens.weight"])
+    vocab, width = lm_head.shape
+    rng = np.random.default_rng(seed)
+    heads = {}
+    for m in range(num_heads):
+        for b in range(num_layers):
+            w = rng.standard_normal((width, width)) / math.sqrt(width)
+            heads[f"{m}.{b}.linear.weight"] = (0 * w if copy else w).astype(np.float32)
+            heads[f"{m}.{b}.linear.bias"] = np.full(width, 0.0 if copy else 0.2, np.float32)
+        if layout == "v1":
+            noise = 0.0 if copy else 0.5 * lm_head.std() * rng.standard_normal(lm_head.shape)
+            heads[f"{m}.{num_layers}.weight"] = (lm_head + noise).astype(np.float32)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(heads, str(path / "medusa_lm_head.safetensors"))
+    config = {
+        "medusa_num_heads": num_heads,
+        "medusa_num_layers": num_layers,
+        "base_model_name_or_path": str(base),
+    }
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
 def _train_tokenizer():
     """Train the byte-level BPE deterministically on the in-module corpus."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers

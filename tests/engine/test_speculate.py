@@ -29,7 +29,7 @@ VOCAB = testing.TOKENIZER_VOCAB_SIZE
 
 
 class NoDrafts:
-    def propose(self, ids, k):
+    def propose(self, seq, k):
         return ()
 
 
@@ -40,7 +40,8 @@ class Oracle:
     def __init__(self, answers: dict, wrong_from: int | None = None):
         self.answers, self.wrong_from = answers, wrong_from
 
-    def propose(self, seq_ids, k):
+    def propose(self, seq, k):
+        seq_ids = seq.all_ids()
         for p, answer in self.answers.items():
             if tuple(seq_ids[: len(p)]) == p:
                 done = len(seq_ids) - len(p)
@@ -58,7 +59,7 @@ class Garbage:
     def __init__(self, seed=0):
         self.rng = np.random.default_rng(seed)
 
-    def propose(self, seq_ids, k):
+    def propose(self, seq, k):
         return tuple(int(t) for t in self.rng.integers(3, VOCAB, k))
 
 
@@ -66,15 +67,17 @@ class Garbage:
 
 
 def test_ngram_takes_the_longest_latest_match():
-    p = NgramProposer(max_n=3)
+    p = NgramProposer(max_n=3).lookup  # over a list of ids
     #           0  1  2  3  4  5  6  7  8  9
-    assert p.propose([5, 6, 7, 1, 2, 5, 6, 7, 3, 4, 6, 7], 2) == (3, 4)  # "6 7" latest: 3 4
-    assert p.propose([1, 2, 3, 9, 9, 2, 3, 8, 1, 2, 3], 3) == (9, 9, 2)  # 3-gram over 2-gram
-    assert p.propose([1, 2, 3, 1, 2], 5) == (3, 1, 2)  # runs into the end: what there is
-    assert p.propose([1, 2, 3, 4], 3) == ()  # no earlier occurrence of any suffix
-    assert p.propose([4, 4], 2) == (4,)
-    assert p.propose([7], 3) == () and p.propose([1, 2, 1], 0) == ()
-    assert NgramProposer(max_n=3, min_n=2).propose([1, 2, 3, 9, 3], 2) == ()
+    assert p([5, 6, 7, 1, 2, 5, 6, 7, 3, 4, 6, 7], 2) == (3, 4)  # "6 7" latest: 3 4
+    assert p([1, 2, 3, 9, 9, 2, 3, 8, 1, 2, 3], 3) == (9, 9, 2)  # 3-gram over 2-gram
+    assert p([1, 2, 3, 1, 2], 5) == (3, 1, 2)  # runs into the end: what there is
+    assert p([1, 2, 3, 4], 3) == ()  # no earlier occurrence of any suffix
+    assert p([4, 4], 2) == (4,)
+    assert p([7], 3) == () and p([1, 2, 1], 0) == ()
+    assert NgramProposer(max_n=3, min_n=2).lookup([1, 2, 3, 9, 3], 2) == ()
+    # a request's ids: the prompt, then its output
+    assert NgramProposer().propose(seq_of([1, 2, 3, 4, 1]), 2) == (2, 3)
 
 
 def test_accepted_length():
@@ -95,7 +98,7 @@ class Fixed:
     def __init__(self, *tokens):
         self.tokens = tokens
 
-    def propose(self, seq_ids, k):
+    def propose(self, seq, k):
         return self.tokens[:k]
 
 
@@ -111,6 +114,39 @@ def test_plan_draft_stays_inside_what_the_host_can_see():
     pending = seq_of([7, 8])
     pending.num_computed -= 1  # two fed tokens (a grammar's forced ones)
     assert plan_draft(pending, Fixed(8), 3, eos) is NO_DRAFT
+
+
+class Letters:
+    """A tokenizer whose id i decodes to one letter (3 -> "a", 4 -> "b", ...)."""
+
+    hf = SimpleNamespace(all_special_ids=[])
+    eos_token_ids = (2,)
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(94 + i) for i in ids)
+
+
+def test_plan_draft_ends_at_the_token_that_completes_a_stop_sequence():
+    from tgix.engine.output import RequestOutput
+
+    def seq_with_stop(stop, done=(3,)):
+        s = seq_of([], stop=stop)
+        s.output = RequestOutput(s.request, Letters(), s.output_ids, seed=None)
+        for t in done:  # "a" generated and recorded, as commit does
+            s.output_ids.append(t)
+            s.output.add(t, 0.0)
+        s.num_computed = s.total_len - 1
+        return s
+
+    eos = frozenset({2})
+    # drafts "b c d e": the stop "cd" ends with "d", the third draft; "e" would be cut anyway
+    assert plan_draft(seq_with_stop(("cd",)), Fixed(4, 5, 6, 7), 4, eos).tokens == (4, 5, 6)
+    # a stop begun by the generated text ("ab": "a" is held) ends with the first draft
+    assert plan_draft(seq_with_stop(("ab",)), Fixed(4, 5, 6), 3, eos).tokens == (4,)
+    # no stop reached: the whole draft; the matcher is not moved by looking ahead
+    s = seq_with_stop(("zz", "ce"))
+    assert plan_draft(s, Fixed(4, 5, 6), 3, eos).tokens == (4, 5, 6)
+    assert plan_draft(s, Fixed(5, 7), 3, eos).tokens == (5, 7)
 
 
 class ToyGrammar:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from tgix.engine.plan import PlanRow, StepResult, TokenChoice
+from tgix.engine.plan import HeadDrafts, PlanRow, StepResult, TokenChoice
 from tgix.engine.request import GenerationError
 from tgix.engine.request_state import RequestState
 from tgix.engine.speculate import accepted_length
@@ -28,8 +28,9 @@ def step_result(rows: Sequence[PlanRow], out, *, verify: bool = False) -> StepRe
     the samples at the row's k+1 tokens while its drafts match them, speculate.py) and the
     prompt scores of rows that asked for every token's logits (out.prompt_logprobs [T]: entry t
     scores token t + 1 of the packed axis, so a row's n tokens give n - 1 scores; with each,
-    the top-n alternatives at that position)."""
-    accepted, prompt_logprobs, offset = {}, {}, 0
+    the top-n alternatives at that position). With Medusa heads (out.draft_ids), each row's
+    head drafts at the position that sampled its last accepted token."""
+    accepted, prompt_logprobs, head_drafts, offset = {}, {}, {}, 0
     for i, row in enumerate(rows):
         start, offset = offset, offset + len(row.token_ids)
         if row.num_logits > 1 and out.prompt_logprobs is not None:
@@ -43,15 +44,19 @@ def step_result(rows: Sequence[PlanRow], out, *, verify: bool = False) -> StepRe
                 TokenChoice(0, lp, tuple(zip(ids, lps, strict=True)))
                 for lp, (ids, lps) in zip(out.prompt_logprobs[span].tolist(), tops, strict=True)
             ]
-        if row.produces_token and verify and row.num_logits > 1:
+        if not row.produces_token:
+            continue
+        if verify and row.num_logits > 1:
             sampled = out.token_ids[start:offset].tolist()
             n = accepted_length(row.token_ids[1:], sampled)
-            accepted[row.request_id] = [_choice(out, t) for t in range(start, start + n)]
-        elif row.produces_token and verify:  # no drafts: its sample is at its last token
-            accepted[row.request_id] = [_choice(out, offset - 1)]
-        elif row.produces_token:
-            accepted[row.request_id] = [_choice(out, i)]
-    return StepResult(accepted, prompt_logprobs)
+            at, end = start + n - 1, row.start_pos + n
+        else:  # its sample is at its last token (row i of a plain step)
+            at, end = (offset - 1 if verify else i), row.end_pos
+            n = 1
+        accepted[row.request_id] = [_choice(out, t) for t in range(at - n + 1, at + 1)]
+        if out.draft_ids is not None:  # the heads' guesses after the token sampled at `end`
+            head_drafts[row.request_id] = HeadDrafts(end, tuple(out.draft_ids[at].tolist()))
+    return StepResult(accepted, prompt_logprobs, head_drafts)
 
 
 def commit_token(

@@ -78,6 +78,11 @@ class IncrementalDetokenizer:
             return self._release_settled(text)
         return ""
 
+    def peek(self, ids: Sequence[int]) -> str:
+        """The text appending `ids` would add after what was emitted (held text included),
+        without appending them: how far a draft's text reaches."""
+        return self._decode([*self._window, *ids])[len(self._prefix_text) :]
+
     def flush(self) -> str:
         """The held remainder at the end of the sequence: "" or text ending in U+FFFD."""
         text = self._decode(self._window)

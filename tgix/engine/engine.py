@@ -44,7 +44,7 @@ from tgix.engine.runahead import (
 )
 from tgix.engine.runner import Runner
 from tgix.engine.scheduler import Scheduler
-from tgix.engine.speculate import NgramProposer, Proposer, plan_draft
+from tgix.engine.speculate import MedusaProposer, NgramProposer, Proposer, plan_draft
 from tgix.engine.step_inputs import row_inputs
 from tgix.engine.stream import RequestStream
 
@@ -103,7 +103,9 @@ class Engine:
         self.grammar_compiler = None  # tgix.grammar.GrammarCompiler, set by the factory
         config = scheduler.config
         self.speculate = config.speculate if config.speculate_rows else 0  # draft tokens
-        self.proposer: Proposer = proposer or NgramProposer()  # drafts' source (replaceable)
+        heads = runner.config.draft_head_rows > 0  # a Medusa model: its heads draft
+        # drafts' source (replaceable)
+        self.proposer: Proposer = proposer or (MedusaProposer() if heads else NgramProposer())
         if self.speculate:  # decode rows carry drafts (speculate.py), verified in the step
             eos = frozenset(tokenizer.eos_token_ids)
             scheduler.drafter = lambda seq: plan_draft(seq, self.proposer, self.speculate, eos)

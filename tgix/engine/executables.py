@@ -94,19 +94,28 @@ class StepExecutables:
         """Logits [R, V] ([T, V] for a verify shape) (and the prompt scores: logprobs [T],
         top-n ids and logprobs [T, N]) come out replicated: on a mesh the LM head leaves V
         split over "model", and the sampler, the mask and every process's read-back take
-        whole rows."""
+        whole rows. With Medusa heads, steps of at most `draft_head_rows` rows also give
+        the heads' drafts [R, M] at each sampled position (tgix/models/medusa.py)."""
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._params_def, params))
         whole = lambda a: jax.lax.with_sharding_constraint(a, self._replicated)
         if not shape.all_logits:
-            logits, kv = model(
+            x, kv = model.hidden_states(
                 token_ids, kv, md, logits_indices, fresh_rows=shape.fresh,
                 tokenwise_rope=shape.verify,
             )  # fmt: skip
-            return whole(logits), None, kv
-        logits, kv = model(token_ids, kv, md, None, fresh_rows=shape.fresh)  # [T, V]
-        next_ids = jnp.roll(token_ids, -1)  # prompt_lp[t] scores token t + 1
-        scores = prompt_scores(logits, next_ids, self.config.num_top, self._vocab_limit)
-        return whole(logits[logits_indices]), whole(scores), kv
+            logits, prompt = model.logits(x), None
+        else:
+            x, kv = model.hidden_states(token_ids, kv, md, None, fresh_rows=shape.fresh)  # [T, D]
+            all_logits = model.logits(x)  # [T, V]
+            next_ids = jnp.roll(token_ids, -1)  # prompt_lp[t] scores token t + 1
+            prompt = whole(
+                prompt_scores(all_logits, next_ids, self.config.num_top, self._vocab_limit)
+            )
+            x, logits = x[logits_indices], all_logits[logits_indices]
+        drafts = None
+        if model.medusa is not None and shape.num_rows <= self.config.draft_head_rows:
+            drafts = whole(model.medusa(x, model.head_weight(), self._vocab_limit))
+        return whole(logits), prompt, drafts, kv
 
     def _describe(self, *what) -> str:
         """Everything that shapes a compiled program besides tgix's source and jax itself."""
@@ -118,6 +127,7 @@ class StepExecutables:
             c = self.config
             backend = self._attention_name
             knobs = (c.num_top, self._vocab_limit, c.watermark_gamma, c.watermark_delta, backend)
+            knobs += (c.draft_head_rows,)
             self._base_description = repr((self.cfg, knobs, dict(self.mesh.shape), arrays))
         return repr(what) + self._base_description
 

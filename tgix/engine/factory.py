@@ -28,7 +28,7 @@ from tgix.engine.limits import (
 from tgix.engine.mask_builder import ahead_from_env, budget_from_env
 from tgix.engine.runner import Runner, RunnerConfig
 from tgix.engine.scheduler import Scheduler, SchedulerConfig
-from tgix.engine.speculate import speculate_rows
+from tgix.engine.speculate import speculate_for, speculate_rows
 from tgix.models import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,9 @@ class EngineOptions:
     # objects without additionalProperties are closed (TGI, OpenAI); False: JSON Schema's open
     grammar_strict: bool = True
     host_memory_share: float = 1.0  # CPU: the part of the KV budget this engine takes
-    speculate: int = 0  # TGI's --speculate: draft tokens per decode row (speculate.py)
+    # TGI's --speculate: draft tokens per decode row (speculate.py); None: a Medusa model's
+    # head count, else 0
+    speculate: int | None = None
     verify_tokens: int | None = None  # most tokens of a verify step (None: measured default)
 
 
@@ -119,8 +121,9 @@ def create_engine(
         _kv_source(limits, effective, budget),
     )
     max_rows = bucket_batch_size(effective, on_cpu=on_cpu)
+    speculate = speculate_for(options.speculate, loaded.draft_heads)
     draft_rows = speculate_rows(
-        options.speculate, max_rows, on_cpu=on_cpu, verify_tokens=options.verify_tokens
+        speculate, max_rows, on_cpu=on_cpu, verify_tokens=options.verify_tokens
     )
     page_size = effective.page_size
     buckets = Buckets.build(
@@ -131,7 +134,7 @@ def create_engine(
         chunked_prefill=effective.chunked_prefill,
         prefix_caching=options.prefix_caching,
         prompt_logprobs=options.prompt_logprobs,
-        speculate=options.speculate,
+        speculate=speculate,
         speculate_rows=draft_rows,
     )
     executable_cache = None
@@ -156,6 +159,7 @@ def create_engine(
             watermark_gamma=options.watermark_gamma,
             watermark_delta=options.watermark_delta,
             executable_cache=executable_cache,
+            draft_head_rows=draft_rows if loaded.draft_heads else 0,
         ),
     )
     if channel is not None:
@@ -175,7 +179,7 @@ def create_engine(
             max_waiting_tokens=effective.max_waiting_tokens,
             waiting_served_ratio=effective.waiting_served_ratio,
             chunked_prefill=effective.chunked_prefill,
-            speculate=options.speculate,
+            speculate=speculate,
             speculate_rows=draft_rows,
         ),
         KVManager(num_pages, page_size, prefix_caching=options.prefix_caching),

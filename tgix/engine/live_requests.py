@@ -128,6 +128,7 @@ class LiveRequests(Mapping[str, RequestState]):
         for row, seq in zip(rows, inflight.seqs, strict=True):
             if seq is None or row.request_id not in self._states:
                 continue  # ended (cancelled, failed, stopped) while this step ran
+            seq.head_drafts = result.head_drafts.get(row.request_id)
             if row.request_id in result.prompt_logprobs and not seq.output.prefill:
                 seq.output.set_prefill(result.prompt_logprobs[row.request_id])
             choices = result.accepted.get(row.request_id, ())

@@ -81,6 +81,21 @@ class RequestOutput:
         self.finish_reason = reason
         return self._release(released), reason
 
+    def draft_length(self, drafts: Sequence[int]) -> int:
+        """How many of `drafts` (guessed ids after the last added one) are worth verifying:
+        all, or up to the one whose text would complete a stop sequence (the request ends
+        there, so what follows would be cut). One decode of the window plus the drafts, and
+        a matcher pass over their text; more decodes only when a stop is found."""
+        if not self._stops.stop_sequences or not drafts:
+            return len(drafts)
+        end = self._stops.completes_at(self._detok.peek(drafts))
+        if end is None:
+            return len(drafts)
+        for n in range(1, len(drafts)):
+            if len(self._detok.peek(drafts[:n])) >= end:
+                return n
+        return len(drafts)
+
     def _release(self, released: list[TokenInfo]) -> list[TokenEvent]:
         events = []
         for info in released:

@@ -95,6 +95,15 @@ class TokenChoice:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class HeadDrafts:
+    """Medusa heads' guesses for the tokens after position `position` (the one a step just
+    sampled): valid while that is still the request's last token."""
+
+    position: int
+    tokens: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class StepResult:
     """Per producing row (by request id): its accepted tokens, in order; per prompt row with
     all logits: each of its tokens after the first scored (prompt logprobs: the token's
@@ -102,6 +111,7 @@ class StepResult:
 
     accepted: dict[str, list[TokenChoice]]
     prompt_logprobs: dict[str, list[TokenChoice]] = dataclasses.field(default_factory=dict)
+    head_drafts: dict[str, HeadDrafts] = dataclasses.field(default_factory=dict)
 
     def ids(self) -> dict[str, list[int]]:
         return {rid: [c.token_id for c in choices] for rid, choices in self.accepted.items()}

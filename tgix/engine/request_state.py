@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 from tgix.engine.mask_builder import has_mask
 from tgix.engine.output import RequestOutput
+from tgix.engine.plan import HeadDrafts
 from tgix.engine.request import EngineLimits, GenerationError, GenerationRequest, SamplingParams
 from tgix.engine.speculate import NO_DRAFT, Draft
 
@@ -46,6 +47,7 @@ class RequestState:
     draft_misses, draft_pause   verify steps whose drafts were all rejected (halved by one
                        that kept a draft), and how many more decode steps it sits out of
                        drafting (speculate.pause_after)
+    head_drafts        a Medusa model's guesses after the token its last step sampled
     """
 
     request_id: str
@@ -78,6 +80,7 @@ class RequestState:
     accepted_drafts: int = 0  # drafts verified and kept (TGI's skipped tokens)
     draft_misses: int = 0
     draft_pause: int = 0
+    head_drafts: HeadDrafts | None = None  # Medusa heads' last guesses (speculate.py)
 
     @property
     def total_len(self) -> int:

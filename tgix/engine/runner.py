@@ -47,6 +47,7 @@ class RunnerConfig:
     watermark_gamma: float = 0.5
     watermark_delta: float = 2.0
     executable_cache: str | None = None  # folder for serialized executables (None: off)
+    draft_head_rows: int = 0  # steps of at most this many rows run the Medusa heads (if any)
 
 
 class StepOutput(NamedTuple):
@@ -62,6 +63,7 @@ class StepOutput(NamedTuple):
     prompt_logprobs: jax.Array | None = None  # [T] f32
     prompt_top_ids: jax.Array | None = None  # [T, N] int32
     prompt_top_logprobs: jax.Array | None = None  # [T, N] f32
+    draft_ids: jax.Array | None = None  # [R, M] int32: Medusa heads' guesses per sample
 
 
 class Runner:
@@ -166,7 +168,7 @@ class Runner:
                 raise ValueError(f"device ids {device_token_ids.shape} for {token_ids.shape}")
             token_ids = device_token_ids
         self.dispatched_at = time.monotonic()
-        logits, prompt = self.call_model(shape, token_ids, md, logits_indices)
+        logits, prompt, drafts = self.call_model(shape, token_ids, md, logits_indices)
         if masks is not None:
             logits = self.executables.mask_for(shape.num_samples)(logits, masks)
             self.ran.add(("mask", shape.num_samples))
@@ -174,16 +176,17 @@ class Runner:
             logits, SamplingArrays(**sampling), positions, history
         )
         self.ran.add(("sampler", (shape.num_samples, host.history_len)))
-        return StepOutput(*sampled, *(prompt or ()))
+        return StepOutput(*sampled, *(prompt or (None,) * 3), draft_ids=drafts)
 
     def call_model(self, shape: StepShape, token_ids, metadata: dict, logits_indices):
-        """The model step alone (KV pages donated and replaced): logits [R, V] and the prompt
-        scores (logprobs [T], top ids [T, N], top logprobs [T, N]) or None, device arrays."""
+        """The model step alone (KV pages donated and replaced): logits [R, V], the prompt
+        scores (logprobs [T], top ids [T, N], top logprobs [T, N]) or None, and the Medusa
+        heads' drafts [R, M] or None; device arrays."""
         self.ran.add(("model", shape))
-        logits, prompt, self.kv = self.executables.model_for(shape)(
+        logits, prompt, drafts, self.kv = self.executables.model_for(shape)(
             self._params, token_ids, self.kv, AttentionMetadata(**metadata), logits_indices
         )
-        return logits, prompt
+        return logits, prompt, drafts
 
     @staticmethod
     def fetch(out: StepOutput) -> StepOutput:

@@ -1,15 +1,18 @@
 """Speculative decoding's host side (numpy, no jax): who proposes drafts, and how far a draft
 may go before the step verifies it.
 
-A proposer guesses the next k tokens of a request from what it has (`Proposer.propose(ids,
-k)`, ids = prompt + generated). `NgramProposer` is prompt lookup: the longest suffix of ids
-(max_n down to min_n tokens) that occurred earlier, and the tokens that followed its latest
-earlier occurrence. TGI's rule is the 1-gram, first-match case (`create_n_gram_speculation`);
-a longer, more recent match is the better guess on code edits and extractive answers, where
-the text being copied is the one the last tokens came from.
+A proposer guesses the next k tokens of a request from what it has (`Proposer.propose(seq,
+k)`). `NgramProposer` is prompt lookup: the longest suffix of prompt + generated ids (max_n
+down to min_n tokens) that occurred earlier, and the tokens that followed its latest earlier
+occurrence. TGI's rule is the 1-gram, first-match case (`create_n_gram_speculation`); a
+longer, more recent match is the better guess on code edits and extractive answers, where the
+text being copied is the one the last tokens came from. `MedusaProposer` hands on what a
+Medusa model's heads guessed in the request's last step (tgix/models/medusa.py), while the
+token they guessed after is still the request's last one.
 
 `plan_draft` turns a proposal into what the step may verify: never past max_new_tokens (the
-k+1 sampled tokens must fit), cut after an EOS, and for a grammar row only as long as every
+k+1 sampled tokens must fit), cut after an EOS or the token whose text completes a stop
+sequence, and for a grammar row only as long as every
 draft token is allowed and the mask after it is already built (the host walks the grammar's
 states; each draft position is masked with its own state, not the row's pre-draft one). The
 grammar's own forced tokens are the surest proposer of all and need no verification: the
@@ -33,8 +36,8 @@ LOOKBACK = 8192  # tokens searched for a match (the scan is linear in it)
 
 
 class Proposer(Protocol):
-    def propose(self, ids: Sequence[int], k: int) -> tuple[int, ...]:
-        """Up to k guessed next tokens after ids (may be fewer, or none)."""
+    def propose(self, seq: RequestState, k: int) -> tuple[int, ...]:
+        """Up to k guessed tokens after seq's last one (may be fewer, or none)."""
         ...
 
 
@@ -47,7 +50,14 @@ class NgramProposer:
     max_n: int = 3
     min_n: int = 1
 
-    def propose(self, ids: Sequence[int], k: int) -> tuple[int, ...]:
+    def propose(self, seq: RequestState, k: int) -> tuple[int, ...]:
+        tail = seq.output_ids[-LOOKBACK:]
+        if len(tail) < LOOKBACK:
+            tail = seq.prompt_ids[len(tail) - LOOKBACK :] + tail
+        return self.lookup(tail, k)
+
+    def lookup(self, ids: Sequence[int], k: int) -> tuple[int, ...]:
+        """The draft after ids (the last LOOKBACK of them are searched)."""
         if k <= 0 or len(ids) < 2:
             return ()
         seq = np.asarray(ids[-LOOKBACK:], dtype=np.int64)
@@ -67,6 +77,18 @@ class NgramProposer:
         return ()
 
 
+class MedusaProposer:
+    """A Medusa model's drafts: its heads' argmaxes from the step that sampled the request's
+    last token (none when that step ran without heads, or when tokens were appended since,
+    such as a grammar's forced ones)."""
+
+    def propose(self, seq: RequestState, k: int) -> tuple[int, ...]:
+        heads = seq.head_drafts
+        if heads is None or heads.position != seq.total_len - 1:
+            return ()
+        return heads.tokens[:k]
+
+
 @dataclasses.dataclass(frozen=True)
 class Draft:
     """What a row verifies: draft tokens, and the grammar state before each of its k+1
@@ -81,7 +103,8 @@ NO_DRAFT = Draft()
 
 def plan_draft(seq: RequestState, proposer: Proposer, k: int, eos: frozenset[int]) -> Draft:
     """The draft for seq's next step, within what the host can see: at most k tokens and
-    max_new_tokens - generated - 1 (every position samples), ending at an EOS, and for a
+    max_new_tokens - generated - 1 (every position samples), ending at an EOS or at a stop
+    sequence's last token, and for a
     grammar row stopping before a token its state forbids or a state whose mask is not
     built. A request that decodes more than one fed token (forced tokens pending) or wants
     more than its row (prompt logprobs) gets none."""
@@ -90,7 +113,7 @@ def plan_draft(seq: RequestState, proposer: Proposer, k: int, eos: frozenset[int
         return NO_DRAFT
     if seq.output_ids[-1] < 0:  # a placeholder (run-ahead): the last token is not known yet
         return NO_DRAFT
-    tokens = proposer.propose(seq.all_ids(), room)
+    tokens = proposer.propose(seq, room)
     if not tokens:
         return NO_DRAFT
     if not (seq.request is not None and seq.request.ignore_eos):
@@ -98,6 +121,8 @@ def plan_draft(seq: RequestState, proposer: Proposer, k: int, eos: frozenset[int
             if t in eos:
                 tokens = tokens[: i + 1]
                 break
+    if seq.output is not None:
+        tokens = tokens[: seq.output.draft_length(tokens)]
     grammar = None if seq.request is None else seq.request.grammar
     if grammar is None:
         return Draft(tuple(tokens))
@@ -160,3 +185,16 @@ def speculate_rows(
     while rows * 2 <= min(limit, max_rows):
         rows *= 2
     return rows
+
+
+def speculate_for(requested: int | None, heads: int) -> int:
+    """Draft tokens per step: what --speculate asked for, else (None) a Medusa model's head
+    count, as TGI does, else 0. More than the model has heads is refused (ValueError)."""
+    if requested is None:
+        return heads
+    if heads and requested > heads:
+        raise ValueError(
+            f"--speculate {requested}: this Medusa model has {heads} heads, so at most "
+            f"{heads} draft tokens per step"
+        )
+    return requested

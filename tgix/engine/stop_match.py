@@ -48,6 +48,18 @@ class StopMatcher:
         """Characters at the end of the text fed so far that begin some stop (hold them)."""
         return max(self._state, default=0)
 
+    def peek(self, text: str) -> int | None:
+        """Where in `text` feeding it would complete a stop (the offset after its last
+        character), or None; the matcher is left as it was (a draft's look ahead)."""
+        if self.matched is not None or not self.stops:
+            return None
+        saved = list(self._state)
+        try:
+            match = self.feed(text)
+        finally:
+            self._state, self.matched = saved, None
+        return None if match is None else match[1]
+
     def feed(self, text: str) -> tuple[str, int] | None:
         if self.matched is not None:
             raise RuntimeError(f"stop sequence {self.matched!r} already matched")

@@ -72,6 +72,10 @@ class StopBuffer:
             return self.flush()
         return self._release_before(len(self._held_text) - self._matcher.partial)
 
+    def completes_at(self, text: str) -> int | None:
+        """Where in `text` (text after everything pushed) a stop would end, or None."""
+        return self._matcher.peek(text)
+
     def flush(self) -> list[TokenInfo]:
         """Release every held token (the sequence ended for another reason, or matched)."""
         return self._release_before(len(self._held_text))

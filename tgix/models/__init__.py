@@ -16,6 +16,7 @@ from tgix.models.config import ModelConfig, UnsupportedModelError
 from tgix.models.gguf import GGUFSource
 from tgix.models.hub import ModelFiles, resolve_model
 from tgix.models.llama import LlamaForCausalLM
+from tgix.models.medusa import MedusaConfig, load_medusa
 from tgix.models.weights import load_weights
 from tgix.sharding import check_fits, kv_repeats, mesh_for_model
 
@@ -62,6 +63,12 @@ class LoadedModel:
     files: ModelFiles
     mesh: Mesh
     checkpoint_kv_heads: int | None = None  # K before repetition for the mesh
+    medusa: MedusaConfig | None = None  # the Medusa folder whose heads the model carries
+
+    @property
+    def draft_heads(self) -> int:
+        """Medusa heads the model carries (0: none; --speculate then uses n-gram lookup)."""
+        return 0 if self.medusa is None else self.medusa.num_heads
 
 
 def load_model(
@@ -77,6 +84,8 @@ def load_model(
     attention: str = "paged",
 ) -> LoadedModel:
     """Load a checkpoint (folder, .gguf, Hub id; None = the embedded SmolLM2) onto `mesh`.
+    A Medusa folder (config.json with `medusa_num_heads`, tgix/models/medusa.py) loads its
+    `base_model_name_or_path` and carries the heads on `model.medusa`.
 
     On a model axis wider than the KV heads, each KV head is repeated at load time
     (`LoadedModel.config.num_kv_heads` is then the repeated count; the checkpoint's is kept
@@ -85,6 +94,9 @@ def load_model(
     `data` replicas will share them); a count the heads refuse raises ShardingError naming
     the valid ones. The model goes to the first replica's devices (`place` copies it)."""
     files = resolve_model(model_id, revision=revision, token=token, cache_dir=cache_dir)
+    medusa = MedusaConfig.read(files.path) if files.kind == "safetensors" else None
+    if medusa is not None:  # heads only: the base model they were trained on is elsewhere
+        files = resolve_model(medusa.base_model, token=token, cache_dir=cache_dir)
     if files.kind == "gguf":
         source = GGUFSource(files.path)
         hf_config = source.hf_config()
@@ -104,12 +116,18 @@ def load_model(
     dtype = jnp.dtype(dtype or default_dtype())  # accepts "bfloat16" etc.
     abstract = build_model(cfg, dtype=dtype, abstract=True, attention=attention)
     model = load_weights(abstract, checkpoint_cfg, source, mesh, dtype, kv_repeats=repeats)
+    if medusa is not None:
+        heads = load_medusa(
+            medusa, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, mesh=mesh, dtype=dtype
+        )
+        model.medusa = nnx.data(heads)  # a submodule: its parameters join the model's state
     return LoadedModel(
         model=model,
         config=cfg,
         files=files,
         mesh=mesh,
         checkpoint_kv_heads=checkpoint_cfg.num_kv_heads,
+        medusa=medusa,
     )
 
 

@@ -84,6 +84,7 @@ class LlamaForCausalLM(nnx.Module):
             if cfg.tie_word_embeddings
             else LMHead(cfg.vocab_size, cfg.hidden_size, rngs=rngs, dtype=dtype)
         )
+        self.medusa = None  # MedusaHeads, set by the loader when the checkpoint has them
 
     def __call__(
         self,
@@ -104,6 +105,24 @@ class LlamaForCausalLM(nnx.Module):
         one it would get decoded alone (KV length = position + 1), so a verify step's drafts
         are scored exactly as plain decode steps would score them.
         """
+        x, new_pages = self.hidden_states(
+            token_ids, kv_pages, md, logits_indices,
+            fresh_rows=fresh_rows, tokenwise_rope=tokenwise_rope,
+        )  # fmt: skip
+        return self.logits(x), new_pages
+
+    def hidden_states(
+        self,
+        token_ids: jax.Array,
+        kv_pages: tuple[LayerKV, ...],
+        md: AttentionMetadata,
+        logits_indices: jax.Array | None = None,
+        *,
+        fresh_rows: bool = False,
+        tokenwise_rope: bool = False,
+    ) -> tuple[jax.Array, tuple[LayerKV, ...]]:
+        """The final normed hidden states [T, D] (or [R, D] at `logits_indices`), new KV
+        pages: what the LM head and any Medusa heads (tgix/models/medusa.py) read."""
         context_lens = md.positions + 1 if tokenwise_rope else md.kv_lens[md.token_rows]  # [T]
         cos, sin = rope_cos_sin(self.cfg, md.positions, context_lens)  # [T, H] each
         x = self.embed_tokens(token_ids)  # [T, D]
@@ -113,7 +132,14 @@ class LlamaForCausalLM(nnx.Module):
             new_pages.append(kv)
         if logits_indices is not None:
             x = x[logits_indices]  # [R, D]
-        x = self.norm(x)
+        return self.norm(x), tuple(new_pages)
+
+    def head_weight(self) -> jax.Array:
+        """The LM head [V, D] (the embedding table when tied)."""
         head = self.embed_tokens.embedding if self.lm_head is None else self.lm_head.weight
-        logits = jnp.einsum("td,vd->tv", x, head[...], preferred_element_type=jnp.float32)
-        return logits.astype(jnp.float32), tuple(new_pages)
+        return head[...]
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        """x [T, D] normed hidden states -> logits [T, V] float32."""
+        logits = jnp.einsum("td,vd->tv", x, self.head_weight(), preferred_element_type=jnp.float32)
+        return logits.astype(jnp.float32)

@@ -28,6 +28,7 @@ LOGICAL_TO_MESH: dict[str, str | None] = {
     "head_dim": None,
     "mlp": "model",
     "norm": None,
+    "draft_heads": None,  # Medusa heads and their blocks (tgix/models/medusa.py)
 }
 
 
