@@ -40,6 +40,7 @@ async def info(request: Request) -> Response:
             "validation_workers": s.validation_workers,
             "max_client_batch_size": s.max_client_batch_size,
             "speculate": getattr(st.engine, "speculate", 0),  # draft tokens per decode step
+            "quantize": s.quantize,  # --quantize (null: weights in the model dtype)
             "router": "text-generation-router",
             "version": version(),
             "sha": None,

@@ -32,6 +32,8 @@ QUANTIZE_METHODS = (
     "bitsandbytes-fp4",
     "fp8",
 )
+# what tgix.models.quant implements (quantized as the weights load); the rest are refused
+LOAD_TIME_QUANTIZE = frozenset({"eetq", "bitsandbytes", "fp8"})
 KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2")
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -44,7 +46,7 @@ class ArgumentError(ValueError):
 class Capabilities:
     """What this build can serve; anything outside it is refused at start-up."""
 
-    quantize: frozenset[str] = frozenset()
+    quantize: frozenset[str] = LOAD_TIME_QUANTIZE
     kv_cache_dtype: frozenset[str] = frozenset()
     max_speculate: int = 8  # tgix.engine.speculate.MAX_SPECULATE
     max_num_shard: int | None = None  # None: the engine checks against the devices
@@ -233,7 +235,10 @@ def _check_unsupported(raw: dict, caps: Capabilities) -> None:
         )
     quantize = raw["quantize"]
     if quantize is not None and quantize not in caps.quantize:
-        raise _fail(f"`--quantize {quantize}` is not implemented in tgix yet")
+        raise _fail(
+            f"`--quantize {quantize}` is not implemented in tgix yet (implemented: "
+            f"{', '.join(f'`{m}`' for m in sorted(caps.quantize)) or 'none'})"
+        )
     kv = raw["kv_cache_dtype"]
     if kv is not None and kv not in caps.kv_cache_dtype:
         raise _fail(f"`--kv-cache-dtype {kv}` is not implemented in tgix yet")

@@ -39,11 +39,12 @@ class LLM:
         tokenizer_config_path: str | None = None,
         limits: LimitRequest | None = None,
         options: EngineOptions | None = None,
+        quantize: str | None = None,
     ):
         from tgix.models import load_model
         from tgix.tokenizer import load_tokenizer
 
-        loaded = load_model(model_id, revision=revision, dtype=dtype, mesh=mesh)
+        loaded = load_model(model_id, revision=revision, dtype=dtype, mesh=mesh, quantize=quantize)
         self.tokenizer = load_tokenizer(loaded.files, tokenizer_config_path=tokenizer_config_path)
         self.engine = create_engine(
             loaded, self.tokenizer, limits, options, model_id=model_id or DEFAULT_MODEL_ID

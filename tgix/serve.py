@@ -86,6 +86,7 @@ def build_engine(settings):
             token=os.environ.get("HF_TOKEN"),
             num_shard=shard_count(settings, group),
             data=settings.data_parallel,
+            quantize=settings.quantize,
         )
     except ShardingError as exc:
         raise ArgumentError(f"Invalid argument: {exc}") from exc

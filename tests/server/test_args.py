@@ -121,7 +121,8 @@ def test_legacy_input_length_and_hostname():
         (
             ["--quantize", "gptq"],
             {},
-            "Invalid argument: `--quantize gptq` is not implemented in tgix yet",
+            "Invalid argument: `--quantize gptq` is not implemented in tgix yet (implemented: "
+            "`bitsandbytes`, `eetq`, `fp8`)",
         ),
         (
             ["--kv-cache-dtype", "fp8_e5m2"],
@@ -147,6 +148,8 @@ def test_startup_errors(argv, env, message):
 
 
 def test_capabilities_hook_and_device_derivation():
+    assert parse_args(["--quantize", "eetq"], environ={}).quantize == "eetq"
+    assert parse_args([], environ={"QUANTIZE": "bitsandbytes"}).quantize == "bitsandbytes"
     caps = Capabilities(quantize=frozenset({"fp8"}), max_num_shard=4)
     s = parse_args(["--quantize", "fp8", "--num-shard", "4"], environ={}, capabilities=caps)
     assert (s.quantize, s.num_shard) == ("fp8", 4)

@@ -199,6 +199,7 @@ def test_info_and_models(http):
         "validation_workers",
         "max_client_batch_size",
         "speculate",
+        "quantize",
         "router",
         "version",
         "sha",
@@ -207,7 +208,7 @@ def test_info_and_models(http):
     assert info["model_id"] == "fake/echo" and info["max_concurrent_requests"] == 8
     assert (info["max_input_tokens"], info["max_total_tokens"]) == (200, 256)
     assert info["router"] == "text-generation-router" and info["max_client_batch_size"] == 3
-    assert info["speculate"] == 0
+    assert info["speculate"] == 0 and info["quantize"] is None
     r = http.get("/v1/models")
     assert r.content == (
         b'{"object":"list","data":[{"id":"fake/echo","object":"model","created":0,'

@@ -80,7 +80,8 @@ class Runner:
         # the executables take the parameters as a flat list: flattening nnx's State on
         # every call costs ~0.5 ms of host time a step
         self._params, params_def = jax.tree.flatten(self._state)
-        param_dtype = jax.tree.leaves(self._state)[0].dtype
+        param_dtype = loaded.model.embed_tokens.embedding[...].dtype  # linears may be codes
+        self.param_bytes = sum(p.nbytes for p in self._params)  # weights on the devices
         kv_dtype = config.kv_dtype or param_dtype
         self.kv = init_kv_pages(
             self.cfg,

@@ -17,6 +17,7 @@ from tgix.models.gguf import GGUFSource
 from tgix.models.hub import ModelFiles, resolve_model
 from tgix.models.llama import LlamaForCausalLM
 from tgix.models.medusa import MedusaConfig, load_medusa
+from tgix.models.quant import CODES_DTYPE, quantize_abstract
 from tgix.models.weights import load_weights
 from tgix.sharding import check_fits, kv_repeats, mesh_for_model
 
@@ -64,6 +65,7 @@ class LoadedModel:
     mesh: Mesh
     checkpoint_kv_heads: int | None = None  # K before repetition for the mesh
     medusa: MedusaConfig | None = None  # the Medusa folder whose heads the model carries
+    quantize: str | None = None  # the load-time quantization of its linear layers
 
     @property
     def draft_heads(self) -> int:
@@ -82,6 +84,8 @@ def load_model(
     num_shard: int | None = 1,
     data: int = 1,
     attention: str = "paged",
+    quantize: str | None = None,
+    int8_activations: bool | None = None,
 ) -> LoadedModel:
     """Load a checkpoint (folder, .gguf, Hub id; None = the embedded SmolLM2) onto `mesh`.
     A Medusa folder (config.json with `medusa_num_heads`, tgix/models/medusa.py) loads its
@@ -92,7 +96,12 @@ def load_model(
     in `checkpoint_kv_heads`). Without `mesh`, one over `num_shard` devices (None: the
     widest layout the heads allow on every visible device, or on 1/`data` of them when
     `data` replicas will share them); a count the heads refuse raises ShardingError naming
-    the valid ones. The model goes to the first replica's devices (`place` copies it)."""
+    the valid ones. The model goes to the first replica's devices (`place` copies it).
+    `quantize` (eetq, bitsandbytes, fp8: tgix/models/quant.py) quantizes every linear layer
+    as it loads (embeddings, norms, the LM head and Medusa heads stay in `dtype`);
+    `int8_activations` picks the matmul form (None: quant.default_int8_activations)."""
+    if quantize is not None and quantize not in CODES_DTYPE:
+        raise ValueError(f"quantize={quantize!r}: load-time methods are {sorted(CODES_DTYPE)}")
     files = resolve_model(model_id, revision=revision, token=token, cache_dir=cache_dir)
     medusa = MedusaConfig.read(files.path) if files.kind == "safetensors" else None
     if medusa is not None:  # heads only: the base model they were trained on is elsewhere
@@ -115,7 +124,11 @@ def load_model(
     cfg = dataclasses.replace(checkpoint_cfg, num_kv_heads=checkpoint_cfg.num_kv_heads * repeats)
     dtype = jnp.dtype(dtype or default_dtype())  # accepts "bfloat16" etc.
     abstract = build_model(cfg, dtype=dtype, abstract=True, attention=attention)
-    model = load_weights(abstract, checkpoint_cfg, source, mesh, dtype, kv_repeats=repeats)
+    if quantize is not None:
+        abstract = quantize_abstract(abstract, quantize, int8_activations=int8_activations)
+    model = load_weights(
+        abstract, checkpoint_cfg, source, mesh, dtype, kv_repeats=repeats, quantize=quantize
+    )
     if medusa is not None:
         heads = load_medusa(
             medusa, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, mesh=mesh, dtype=dtype
@@ -128,6 +141,7 @@ def load_model(
         mesh=mesh,
         checkpoint_kv_heads=checkpoint_cfg.num_kv_heads,
         medusa=medusa,
+        quantize=quantize,
     )
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from flax import nnx
 
 from tgix.models.config import ModelConfig, RopeConfig, yarn_attention_factor
+from tgix.models.quant import qmatmul
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, std: float):
@@ -24,7 +25,8 @@ def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype,
 
 
 class Dense(nnx.Module):
-    """y = einsum(x, kernel) (+ bias), e.g. "td,df->tf" with kernel [D, F]."""
+    """y = einsum(x, kernel) (+ bias), e.g. "td,df->tf" with kernel [D, F]. Quantized
+    (tgix/models/quant.py), the kernel is None and `codes [F, D]` + `scale [F]` hold it."""
 
     def __init__(self, spec: str, kernel_shape, kernel_axes, *, bias: bool, rngs, dtype):
         self.spec = spec  # e.g. "td,dnh->tnh"
@@ -37,9 +39,15 @@ class Dense(nnx.Module):
             if bias
             else None
         )
+        self.codes: nnx.Param | None = None
+        self.scale: nnx.Param | None = None
+        self.int8_activations = False  # quantized: qmatmul's form (static)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = jnp.einsum(self.spec, x, self.kernel[...])
+        if self.kernel is None:  # quantized: every quantized Dense is a 2-D "tk,kn->tn"
+            y = qmatmul(x, self.codes[...], self.scale[...], int8_activations=self.int8_activations)
+        else:
+            y = jnp.einsum(self.spec, x, self.kernel[...])
         return y if self.bias is None else y + self.bias[...]
 
 

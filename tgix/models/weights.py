@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 
 from tgix.models.checkpoint import CheckpointError, TensorSource
 from tgix.models.config import ModelConfig
+from tgix.models.quant import quantize_rows
 from tgix.sharding.rules import sharding_for
 
 Transform = Callable[[np.ndarray], np.ndarray]
@@ -106,9 +107,13 @@ def load_weights(
     dtype,
     *,
     kv_repeats: int = 1,
+    quantize: str | None = None,
 ) -> nnx.Module:
     """Fill an abstract model (from `nnx.eval_shape`) with checkpoint tensors on `mesh`.
     `cfg` is the checkpoint's config; `kv_repeats` copies of each KV head are placed.
+    With `quantize` (a tgix/models/quant.py method; the abstract model already quantized by
+    quant.quantize_abstract), each linear kernel is quantized on the host, per output
+    channel, and placed as its codes and scale.
 
     Raises CheckpointError naming the tensor on: an unexpected tensor, a shape mismatch, a
     tensor set twice, or a parameter the checkpoint lacks.
@@ -126,6 +131,8 @@ def load_weights(
                 f"unexpected tensor {name!r}: no parameter of {cfg.model_type} uses it"
             )
         path, transform = hit
+        if quantize and path[-1] == "kernel" and path[:-1] + ("codes",) in expected:
+            path = path[:-1] + ("codes",)
         if path not in expected:
             raise CheckpointError(
                 f"unexpected tensor {name!r}: this config has no {'.'.join(map(str, path))}"
@@ -140,16 +147,29 @@ def load_weights(
             raise CheckpointError(
                 f"tensor {name!r} has shape {raw.shape}, cannot fit {var.shape}"
             ) from e
+        if path[-1] == "codes":
+            value = value.T  # the kernel [K, N] -> [N, K], as codes are laid out
         if value.shape != tuple(var.shape):
             raise CheckpointError(
                 f"tensor {name!r} has shape {raw.shape}; expected one mapping to {tuple(var.shape)}"
             )
-        host = np.ascontiguousarray(value, dtype=dtype)
-        loaded[path] = var.replace(jax.device_put(host, sharding_for(mesh, var.axes, host.shape)))
-        del raw, value, host
+        if path[-1] == "codes":
+            codes, scale = quantize_rows(value, quantize)
+            scale_path = path[:-1] + ("scale",)
+            loaded[path] = _place(var, codes, mesh)
+            loaded[scale_path] = _place(expected[scale_path], scale, mesh)
+            del raw, value, codes, scale
+            continue
+        loaded[path] = _place(var, np.ascontiguousarray(value, dtype=dtype), mesh)
+        del raw, value
     missing = [".".join(map(str, p)) for p in expected if p not in loaded]
     if missing:
         raise CheckpointError(
             f"checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"
         )
     return nnx.merge(graphdef, nnx.from_flat_state(list(loaded.items())))
+
+
+def _place(var: nnx.Variable, host: np.ndarray, mesh: Mesh) -> nnx.Variable:
+    """The variable with `host` on the mesh, laid out by its logical axes."""
+    return var.replace(jax.device_put(host, sharding_for(mesh, var.axes, host.shape)))
