@@ -78,6 +78,16 @@ def assert_pages_back(eng):
     assert all(kv.refcount(p) == 0 for p in range(kv.num_pages))
 
 
+def release_engines(engines) -> None:
+    """A module fixture's teardown: every engine has its pages back, then all shut down."""
+    try:
+        for eng in engines:
+            assert_pages_back(eng)
+    finally:
+        for eng in engines:
+            eng.shutdown()
+
+
 @pytest.fixture(scope="module")
 def driver_greedy(tiny_checkpoints):
     """Greedy ids straight from the model forward (no engine), over the tokenizer's vocab."""

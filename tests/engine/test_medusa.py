@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tests.engine.conftest import assert_pages_back, make_engine
+from tests.engine.conftest import make_engine, release_engines
 from tests.engine.test_engine import greedy, ids, prompt
 from tests.engine.test_speculate import collect
 from tgix import testing
@@ -153,12 +153,7 @@ def engines(medusa, tiny_checkpoints, xla_cache):
         return made[key]
 
     yield get
-    try:
-        for eng in made.values():
-            assert_pages_back(eng)
-    finally:
-        for eng in made.values():
-            eng.shutdown()
+    release_engines(made.values())
 
 
 class Recording(MedusaProposer):

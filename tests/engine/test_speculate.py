@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.engine.conftest import assert_pages_back, make_engine, wait_idle
+from tests.engine.conftest import assert_pages_back, make_engine, release_engines, wait_idle
 from tests.engine.test_engine import greedy, ids, prompt
 from tgix import testing
 from tgix.engine.request import Completion, GenerationRequest, SamplingParams
@@ -205,12 +205,7 @@ def engines(tiny_checkpoints, xla_cache):
         return eng
 
     yield get
-    try:
-        for eng in made.values():
-            assert_pages_back(eng)
-    finally:
-        for eng in made.values():
-            eng.shutdown()
+    release_engines(made.values())
 
 
 def collect(engine, requests):

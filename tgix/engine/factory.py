@@ -117,7 +117,7 @@ def create_engine(
     )
     logger.info(
         "weights: %.1f MiB (%s); KV cache: %d tokens (%.1f MiB, %s), %s",
-        _weight_bytes(loaded) / 2**20,
+        loaded.weight_bytes / 2**20,
         f"--quantize {loaded.quantize}" if loaded.quantize else _param_dtype(loaded).name,
         effective.max_batch_total_tokens,
         effective.max_batch_total_tokens * per_token / 2**20,
@@ -265,9 +265,3 @@ def _grammar_compiler(tokenizer, logit_width: int, options: EngineOptions):
 def _param_dtype(loaded: LoadedModel):
     """The model dtype: its embedding's (linear layers may hold quantized codes)."""
     return loaded.model.embed_tokens.embedding[...].dtype
-
-
-def _weight_bytes(loaded: LoadedModel) -> int:
-    from flax import nnx
-
-    return sum(leaf.nbytes for leaf in jax.tree.leaves(nnx.state(loaded.model, nnx.Param)))

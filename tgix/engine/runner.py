@@ -81,7 +81,7 @@ class Runner:
         # every call costs ~0.5 ms of host time a step
         self._params, params_def = jax.tree.flatten(self._state)
         param_dtype = loaded.model.embed_tokens.embedding[...].dtype  # linears may be codes
-        self.param_bytes = sum(p.nbytes for p in self._params)  # weights on the devices
+        self.param_bytes = loaded.weight_bytes
         kv_dtype = config.kv_dtype or param_dtype
         self.kv = init_kv_pages(
             self.cfg,

@@ -68,6 +68,11 @@ class LoadedModel:
     quantize: str | None = None  # the load-time quantization of its linear layers
 
     @property
+    def weight_bytes(self) -> int:
+        """Bytes of every parameter on the devices (codes and scales when quantized)."""
+        return sum(leaf.nbytes for leaf in jax.tree.leaves(nnx.state(self.model, nnx.Param)))
+
+    @property
     def draft_heads(self) -> int:
         """Medusa heads the model carries (0: none; --speculate then uses n-gram lookup)."""
         return 0 if self.medusa is None else self.medusa.num_heads
