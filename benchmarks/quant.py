@@ -1,6 +1,7 @@
 """Load-time quantization on the default model: float32 against each `--quantize` mode.
 
-    python -m benchmarks.quant [--modes none eetq fp8] [--batches 1 4 16] [--json PATH]
+    python -m benchmarks.quant [--modes none eetq fp8 awq:float awq:kept awq:int8 ...]
+                               [--batches 1 4 16] [--json PATH]
 
 For each mode, one in-process engine (tgix.LLM, KV pinned by --kv-tokens, executables
 compiled at start): weight bytes on the device, construction seconds (load + quantize +
@@ -9,6 +10,13 @@ pydoc topics, the prompts of benchmarks.serve_load; prompt logprobs through the 
 greedy agreement with float32 (first 32 tokens of 4 text prompts), then decode tok/s at each
 batch (benchmarks.engine's decode_run: random prompts, ignore_eos) and prefill tok/s. The
 engines run one after another, so ratios compare runs minutes apart on a shared machine.
+
+A mode `<format>:<form>` (form float | kept | int8: tgix/models/quant_group.py) serves the
+default model's own GGUF file (format gguf: its Q4_1 blocks) or (awq, gptq) a 4-bit
+checkpoint of the default model in that format, groups of
+--group inputs, written once under $TGIX_CACHE/hf/ by tgix.testing_quant's round-to-nearest
+quantizer (not AWQ's or GPTQ's calibrated search, so its perplexity is an upper bound of
+theirs) from the float32 folder benchmarks.chat_load writes.
 """
 
 from __future__ import annotations
@@ -41,15 +49,49 @@ def greedy_ids(llm, texts: list[str], n: int) -> list[list[int]]:
     return [[t.id for t in c.tokens] for c in llm.generate(prompts, max_new_tokens=n)]
 
 
+def prequantized_folder(fmt: str, group: int):
+    """The default model as a 4-bit `fmt` (awq, gptq) checkpoint, written once."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from benchmarks.chat_load import vllm_folder
+    from tgix import testing_quant
+    from tgix.tokenizer import cache_root
+
+    target = cache_root() / "hf" / f"SmolLM2-135M-Instruct-{fmt}-g{group}"
+    if not (target / "config.json").exists():
+        source = vllm_folder()  # (creates $TGIX_CACHE/hf)
+        scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+        writer = {
+            "awq": testing_quant.write_awq_checkpoint,
+            "gptq": testing_quant.write_gptq_checkpoint,
+        }
+        writer[fmt](source, scratch / "q", group=group)
+        shutil.rmtree(target, ignore_errors=True)
+        (scratch / "q").rename(target)
+        shutil.rmtree(scratch)
+    return str(target)
+
+
 def measure(mode: str | None, args) -> dict:
+    import os
+
     from tgix import LLM
     from tgix.engine.factory import EngineOptions
     from tgix.engine.limits import LimitRequest
 
     limits = LimitRequest(**harness.parse_limits(args.limit, args.kv_tokens))
+    model_id, quantize = None, mode
+    if mode is not None and ":" in mode:
+        fmt, form = mode.split(":")
+        model_id = None if fmt == "gguf" else prequantized_folder(fmt, args.group)
+        quantize = None
+        os.environ["TGIX_QUANT_FORM"] = form
     start = time.perf_counter()
     llm = LLM(
-        quantize=mode,
+        model_id,
+        quantize=quantize,
         limits=limits,
         options=EngineOptions(progress=False, prompt_logprobs=True, prefix_caching=False),
     )
@@ -82,6 +124,7 @@ def main() -> None:
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--ppl-chunks", type=int, default=8)
     parser.add_argument("--ppl-tokens", type=int, default=256)
+    parser.add_argument("--group", type=int, default=64, help="inputs per group (4-bit modes)")
     harness.add_common_args(parser)
     args = parser.parse_args()
     results = [measure(None if m == "none" else m, args) for m in args.modes]

@@ -40,7 +40,8 @@ async def info(request: Request) -> Response:
             "validation_workers": s.validation_workers,
             "max_client_batch_size": s.max_client_batch_size,
             "speculate": getattr(st.engine, "speculate", 0),  # draft tokens per decode step
-            "quantize": s.quantize,  # --quantize (null: weights in the model dtype)
+            # the effective method: --quantize, or the checkpoint's (null: the model dtype)
+            "quantize": getattr(st.engine, "quantize", s.quantize),
             "router": "text-generation-router",
             "version": version(),
             "sha": None,

@@ -32,8 +32,12 @@ QUANTIZE_METHODS = (
     "bitsandbytes-fp4",
     "fp8",
 )
-# what tgix.models.quant implements (quantized as the weights load); the rest are refused
-LOAD_TIME_QUANTIZE = frozenset({"eetq", "bitsandbytes", "fp8"})
+# what tgix implements: quantized as the weights load (tgix.models.quant) or read from a
+# pre-quantized checkpoint (tgix.models.prequant, which also checks the flag against it)
+LOAD_TIME_QUANTIZE = frozenset(
+    {"eetq", "bitsandbytes", "fp8", "bitsandbytes-nf4", "bitsandbytes-fp4"}
+)
+PREQUANTIZED = frozenset({"awq", "gptq", "marlin", "compressed-tensors"})
 KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2")
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -46,7 +50,7 @@ class ArgumentError(ValueError):
 class Capabilities:
     """What this build can serve; anything outside it is refused at start-up."""
 
-    quantize: frozenset[str] = LOAD_TIME_QUANTIZE
+    quantize: frozenset[str] = LOAD_TIME_QUANTIZE | PREQUANTIZED
     kv_cache_dtype: frozenset[str] = frozenset()
     max_speculate: int = 8  # tgix.engine.speculate.MAX_SPECULATE
     max_num_shard: int | None = None  # None: the engine checks against the devices
@@ -234,6 +238,8 @@ def _check_unsupported(raw: dict, caps: Capabilities) -> None:
             "repository; every architecture comes from its own registry (tgix.models)"
         )
     quantize = raw["quantize"]
+    if quantize == "exl2" and (raw.get("num_shard") or 1) >= 2:
+        raise _fail("Sharding is currently not supported with `exl2` quantization")
     if quantize is not None and quantize not in caps.quantize:
         raise _fail(
             f"`--quantize {quantize}` is not implemented in tgix yet (implemented: "

@@ -61,7 +61,7 @@ def build_engine(settings):
     from server.metrics import record_step
     from server.settings import ArgumentError
     from tgix.engine.factory import EngineOptions, create_engine, create_replicas
-    from tgix.models import load_model
+    from tgix.models import QuantizeError, load_model
     from tgix.sharding import ShardingError
     from tgix.tokenizer import load_tokenizer
 
@@ -88,7 +88,7 @@ def build_engine(settings):
             data=settings.data_parallel,
             quantize=settings.quantize,
         )
-    except ShardingError as exc:
+    except (ShardingError, QuantizeError) as exc:
         raise ArgumentError(f"Invalid argument: {exc}") from exc
     if group is not None and not group.is_leader:
         from tgix.engine.follower import follow

@@ -121,7 +121,6 @@ def test_max_position_and_text_config_nesting():
         ({"rope_scaling": {"rope_type": "linear", "factor": 2.0, "beta_fast": 3}}, "beta_fast"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
         ({"num_key_value_heads": 3}, "not a multiple"),
-        ({"quantization_config": {"quant_method": "awq"}}, "'awq'"),
         ({"layer_types": ["full_attention"], "sliding_window": 4}, "layer_types has 1"),
     ],
 )

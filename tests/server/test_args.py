@@ -119,10 +119,16 @@ def test_legacy_input_length_and_hostname():
         ),
         ([], {"TRUST_REMOTE_CODE": "1"}, "Invalid argument: `--trust-remote-code` is refused"),
         (
-            ["--quantize", "gptq"],
+            ["--quantize", "exl2"],
             {},
-            "Invalid argument: `--quantize gptq` is not implemented in tgix yet (implemented: "
-            "`bitsandbytes`, `eetq`, `fp8`)",
+            "Invalid argument: `--quantize exl2` is not implemented in tgix yet (implemented: "
+            "`awq`, `bitsandbytes`, `bitsandbytes-fp4`, `bitsandbytes-nf4`, `compressed-tensors`, "
+            "`eetq`, `fp8`, `gptq`, `marlin`)",
+        ),
+        (
+            ["--quantize", "exl2", "--num-shard", "2"],
+            {},
+            "Invalid argument: Sharding is currently not supported with `exl2` quantization",
         ),
         (
             ["--kv-cache-dtype", "fp8_e5m2"],

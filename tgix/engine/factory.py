@@ -118,7 +118,10 @@ def create_engine(
     logger.info(
         "weights: %.1f MiB (%s); KV cache: %d tokens (%.1f MiB, %s), %s",
         loaded.weight_bytes / 2**20,
-        f"--quantize {loaded.quantize}" if loaded.quantize else _param_dtype(loaded).name,
+        ", ".join(
+            [f"--quantize {loaded.quantize}" if loaded.quantize else _param_dtype(loaded).name]
+            + ([f"{loaded.quantize_form} form"] if loaded.quantize_form else [])
+        ),
         effective.max_batch_total_tokens,
         effective.max_batch_total_tokens * per_token / 2**20,
         kv_dtype.name,
@@ -202,6 +205,7 @@ def create_engine(
         mask_ahead=ahead_from_env(accelerator=jax.default_backend() != "cpu"),
     )
     engine.grammar_compiler = _grammar_compiler(tokenizer, cfg.vocab_size, options)
+    engine.quantize = loaded.quantize  # /info: the effective method (a checkpoint's included)
     engine.warmup(run_request=options.warmup)
     return engine
 

@@ -49,6 +49,7 @@ class Replicas:
         self.model_id = first.model_id
         self.grammar_compiler = first.grammar_compiler
         self.speculate = first.speculate
+        self.quantize = getattr(first, "quantize", None)
         self._turn = itertools.count()
 
     def _load(self, engine) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +18,22 @@ from tgix.models.gguf import GGUFSource
 from tgix.models.hub import ModelFiles, resolve_model
 from tgix.models.llama import LlamaForCausalLM
 from tgix.models.medusa import MedusaConfig, load_medusa
+from tgix.models.prequant import (
+    PREQUANTIZED,
+    PrequantizedSource,
+    QuantizeError,
+    check_flag,
+    read_spec,
+)
 from tgix.models.quant import CODES_DTYPE, quantize_abstract
-from tgix.models.weights import load_weights
+from tgix.models.quant_group import (
+    CODEBOOK_METHODS,
+    GROUPED_FORMS,
+    codebook_abstract,
+    default_form,
+    group_abstract,
+)
+from tgix.models.weights import grouped_layouts, load_weights
 from tgix.sharding import check_fits, kv_repeats, mesh_for_model
 
 __all__ = [
@@ -26,6 +41,7 @@ __all__ = [
     "LayerKV",
     "LoadedModel",
     "ModelConfig",
+    "QuantizeError",
     "UnsupportedModelError",
     "build_model",
     "default_dtype",
@@ -65,7 +81,8 @@ class LoadedModel:
     mesh: Mesh
     checkpoint_kv_heads: int | None = None  # K before repetition for the mesh
     medusa: MedusaConfig | None = None  # the Medusa folder whose heads the model carries
-    quantize: str | None = None  # the load-time quantization of its linear layers
+    quantize: str | None = None  # its linear layers' quantization (load-time or checkpoint's)
+    quantize_form: str | None = None  # a pre-quantized checkpoint's: quant_group.GROUPED_FORMS
 
     @property
     def weight_bytes(self) -> int:
@@ -91,6 +108,7 @@ def load_model(
     attention: str = "paged",
     quantize: str | None = None,
     int8_activations: bool | None = None,
+    quantize_form: str | None = None,
 ) -> LoadedModel:
     """Load a checkpoint (folder, .gguf, Hub id; None = the embedded SmolLM2) onto `mesh`.
     A Medusa folder (config.json with `medusa_num_heads`, tgix/models/medusa.py) loads its
@@ -102,11 +120,20 @@ def load_model(
     widest layout the heads allow on every visible device, or on 1/`data` of them when
     `data` replicas will share them); a count the heads refuse raises ShardingError naming
     the valid ones. The model goes to the first replica's devices (`place` copies it).
-    `quantize` (eetq, bitsandbytes, fp8: tgix/models/quant.py) quantizes every linear layer
-    as it loads (embeddings, norms, the LM head and Medusa heads stay in `dtype`);
-    `int8_activations` picks the matmul form (None: quant.default_int8_activations)."""
-    if quantize is not None and quantize not in CODES_DTYPE:
-        raise ValueError(f"quantize={quantize!r}: load-time methods are {sorted(CODES_DTYPE)}")
+    `quantize` (eetq, bitsandbytes, fp8: tgix/models/quant.py; bitsandbytes-nf4/-fp4:
+    4-bit codebooks, quant_group.py, always kept) quantizes every linear layer as it loads
+    (embeddings, norms, the LM head and Medusa heads stay in `dtype`); `int8_activations`
+    picks the int8 matmul form (None: quant.default_int8_activations).
+
+    A pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors: tgix/models/prequant.py) is
+    detected from its quantization_config; `quantize` may name its method (or TGI's alias
+    `marlin`), and anything else raises QuantizeError naming both. `quantize_form` (None:
+    env TGIX_QUANT_FORM, else quant_group.default_form()) is how its layers run, and those
+    of a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K linear weights (gguf_blocks.py): float, kept or
+    int8 (tgix/models/quant_group.py)."""
+    known = (*CODES_DTYPE, *CODEBOOK_METHODS, *PREQUANTIZED)
+    if quantize is not None and quantize not in known:
+        raise QuantizeError(f"`--quantize {quantize}` is not implemented in tgix")
     files = resolve_model(model_id, revision=revision, token=token, cache_dir=cache_dir)
     medusa = MedusaConfig.read(files.path) if files.kind == "safetensors" else None
     if medusa is not None:  # heads only: the base model they were trained on is elsewhere
@@ -120,6 +147,18 @@ def load_model(
             raise CheckpointError(f"{files.path} has no config.json")
         hf_config = json.loads(config_file.read_text())
         source = SafetensorsSource(files.path)
+    spec = read_spec(hf_config, files.path) if files.kind == "safetensors" else None
+    quantize = check_flag(spec, quantize)
+    form = None  # how pre-quantized layers run (quant_group.GROUPED_FORMS)
+    blocks = files.kind == "gguf" and quantize is None and source.quantized_linear
+    if spec is not None or blocks:
+        form = quantize_form or os.environ.get("TGIX_QUANT_FORM") or default_form()
+        if form not in GROUPED_FORMS:
+            raise QuantizeError(f"quantize form {form!r}: one of {', '.join(GROUPED_FORMS)}")
+        if spec is not None:
+            source = PrequantizedSource(source, spec, kept=form == "kept")
+        else:
+            source.keep_blocks = form == "kept"
     checkpoint_cfg = ModelConfig.from_hf(hf_config)
     if mesh is None:
         mesh = mesh_for_model(checkpoint_cfg, num_shard, data=data)
@@ -129,10 +168,15 @@ def load_model(
     cfg = dataclasses.replace(checkpoint_cfg, num_kv_heads=checkpoint_cfg.num_kv_heads * repeats)
     dtype = jnp.dtype(dtype or default_dtype())  # accepts "bfloat16" etc.
     abstract = build_model(cfg, dtype=dtype, abstract=True, attention=attention)
-    if quantize is not None:
-        abstract = quantize_abstract(abstract, quantize, int8_activations=int8_activations)
+    load_time = "eetq" if form == "int8" else quantize if spec is None else None
+    if load_time in CODEBOOK_METHODS:
+        abstract = codebook_abstract(abstract, load_time)
+    elif load_time is not None:
+        abstract = quantize_abstract(abstract, load_time, int8_activations=int8_activations)
+    if form == "kept":
+        abstract = group_abstract(abstract, grouped_layouts(checkpoint_cfg, source))
     model = load_weights(
-        abstract, checkpoint_cfg, source, mesh, dtype, kv_repeats=repeats, quantize=quantize
+        abstract, checkpoint_cfg, source, mesh, dtype, kv_repeats=repeats, quantize=load_time
     )
     if medusa is not None:
         heads = load_medusa(
@@ -147,6 +191,7 @@ def load_model(
         checkpoint_kv_heads=checkpoint_cfg.num_kv_heads,
         medusa=medusa,
         quantize=quantize,
+        quantize_form=form,
     )
 
 

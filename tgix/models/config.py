@@ -152,9 +152,7 @@ def _refuse_unsupported(hf: dict[str, Any]) -> None:
         raise UnsupportedModelError(f"hidden_act {act!r} is not supported (only silu)")
     if int(hf.get("pretraining_tp", 1)) != 1:
         raise UnsupportedModelError("pretraining_tp != 1 is not supported")
-    if hf.get("quantization_config") and hf["quantization_config"].get("quant_method") != "gguf":
-        method = hf["quantization_config"].get("quant_method")
-        raise UnsupportedModelError(f"pre-quantized checkpoints ({method!r}) are not supported yet")
+    # quantization_config: tgix/models/prequant.py reads it (and refuses what it cannot read)
 
 
 def _rope_from_hf(hf: dict[str, Any], head_dim: int) -> RopeConfig:

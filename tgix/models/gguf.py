@@ -1,4 +1,5 @@
-"""GGUF files (llama.cpp's format): config, tensors by Hugging Face name, dequantized on read.
+"""GGUF files (llama.cpp's format): config, tensors by Hugging Face name, dequantized on read
+or (`keep_blocks`) linear weights kept in their blocks (tgix/models/gguf_blocks.py).
 
 The `gguf` package parses the file (memory-mapped) and dequantizes each tensor to float32.
 llama.cpp's converter permutes the rows of Llama q/k projections to its interleaved rope
@@ -15,6 +16,8 @@ import numpy as np
 
 from tgix.models.checkpoint import CheckpointError
 from tgix.models.config import UnsupportedModelError
+from tgix.models.gguf_blocks import layout_of, read_blocks
+from tgix.models.quant_group import GroupedWeight, GroupLayout
 
 _ARCHES = ("llama", "qwen2", "qwen3")
 _LAYER_NAMES = {
@@ -40,6 +43,8 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+_LINEAR = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")
+_LINEAR += ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 
 
 def hf_name(gguf_name: str) -> str:
@@ -65,10 +70,11 @@ def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
 class GGUFSource:
     """A .gguf file as a TensorSource, plus the transformers-style config its metadata implies."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, keep_blocks: bool = False):
         from gguf import GGUFReader
 
         self.path = Path(path)
+        self.keep_blocks = keep_blocks  # linear weights of gguf_blocks.KEPT_TYPES stay blocks
         try:
             self.reader = GGUFReader(self.path)
         except (ValueError, OSError) as e:
@@ -129,14 +135,35 @@ class GGUFSource:
     def names(self) -> list[str]:
         return list(self._tensors)
 
-    def read(self, name: str) -> np.ndarray:
+    def layout(self, name: str) -> GroupLayout | None:
+        """The GroupLayout tensor `name` reads into (None: it reads as float)."""
+        tensor = self._tensors[name]
+        if not self.keep_blocks or not tensor.name.endswith(_LINEAR):
+            return None
+        return layout_of(tensor.tensor_type.name)
+
+    @property
+    def quantized_linear(self) -> bool:
+        """Whether any linear weight is stored in a kept block type."""
+        kept = lambda t: t.name.endswith(_LINEAR) and layout_of(t.tensor_type.name) is not None
+        return any(kept(t) for t in self._tensors.values())
+
+    def read(self, name: str) -> np.ndarray | GroupedWeight:
         from gguf.quants import dequantize
 
         tensor = self._tensors[name]
+        if self.layout(name) is not None:
+            rows, cols = reversed(tensor.shape.tolist())
+            weight = read_blocks(np.asarray(tensor.data), tensor.tensor_type.name, int(cols))
+            return weight.take_rows(self._rope_rows(name, np.arange(int(rows))))
         w = dequantize(tensor.data, tensor.tensor_type)
         w = np.asarray(w, dtype=np.float32).reshape(tuple(reversed(tensor.shape.tolist())))
+        return self._rope_rows(name, w)
+
+    def _rope_rows(self, name: str, w: np.ndarray) -> np.ndarray:
+        """Llama q/k rows (or their indices) back in transformers' order."""
         if self.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            w = unpermute_rope_rows(w, int(self.field("llama.attention.head_count")))
-        elif self.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            w = unpermute_rope_rows(w, int(self.field("llama.attention.head_count_kv")))
+            return unpermute_rope_rows(w, int(self.field("llama.attention.head_count")))
+        if self.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            return unpermute_rope_rows(w, int(self.field("llama.attention.head_count_kv")))
         return w

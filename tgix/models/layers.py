@@ -16,6 +16,7 @@ from flax import nnx
 
 from tgix.models.config import ModelConfig, RopeConfig, yarn_attention_factor
 from tgix.models.quant import qmatmul
+from tgix.models.quant_group import GroupLayout, grouped_matmul
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, std: float):
@@ -25,8 +26,10 @@ def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype,
 
 
 class Dense(nnx.Module):
-    """y = einsum(x, kernel) (+ bias), e.g. "td,df->tf" with kernel [D, F]. Quantized
-    (tgix/models/quant.py), the kernel is None and `codes [F, D]` + `scale [F]` hold it."""
+    """y = einsum(x, kernel) (+ bias), e.g. "td,df->tf" with kernel [D, F]. Quantized, the
+    kernel is None and codes hold it: per output channel (tgix/models/quant.py: `codes [F, D]`
+    + `scale [F]`) or per group of inputs (tgix/models/quant_group.py, `grouped` says what
+    the layer holds: codes, scale [F, D / G], zero, offset, perm)."""
 
     def __init__(self, spec: str, kernel_shape, kernel_axes, *, bias: bool, rngs, dtype):
         self.spec = spec  # e.g. "td,dnh->tnh"
@@ -42,9 +45,17 @@ class Dense(nnx.Module):
         self.codes: nnx.Param | None = None
         self.scale: nnx.Param | None = None
         self.int8_activations = False  # quantized: qmatmul's form (static)
+        self.grouped: GroupLayout | None = None  # group-quantized (static)
+        self.zero: nnx.Param | None = None
+        self.offset: nnx.Param | None = None
+        self.perm: nnx.Param | None = None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        if self.kernel is None:  # quantized: every quantized Dense is a 2-D "tk,kn->tn"
+        if self.grouped is not None:  # every quantized Dense is a 2-D "tk,kn->tn"
+            names = ("codes", "scale", "zero", "offset", "perm")
+            params = {n: getattr(self, n)[...] for n in names if getattr(self, n) is not None}
+            y = grouped_matmul(x, self.grouped, params)
+        elif self.kernel is None:
             y = qmatmul(x, self.codes[...], self.scale[...], int8_activations=self.int8_activations)
         else:
             y = jnp.einsum(self.spec, x, self.kernel[...])

@@ -19,6 +19,12 @@ from jax.sharding import Mesh
 from tgix.models.checkpoint import CheckpointError, TensorSource
 from tgix.models.config import ModelConfig
 from tgix.models.quant import quantize_rows
+from tgix.models.quant_group import (
+    CODEBOOK_METHODS,
+    GroupedWeight,
+    GroupLayout,
+    quantize_codebook,
+)
 from tgix.sharding.rules import sharding_for
 
 Transform = Callable[[np.ndarray], np.ndarray]
@@ -99,6 +105,18 @@ def _match(table, name: str) -> tuple[Path, Transform] | None:
     return None
 
 
+def grouped_layouts(cfg: ModelConfig, source) -> dict[Path, GroupLayout]:
+    """Module path -> GroupLayout of every layer `source` (prequant.PrequantizedSource) keeps
+    quantized, so quant_group.group_abstract can shape the model before any tensor is read."""
+    layouts = {}
+    for name in source.names():
+        layout = source.layout(name)
+        hit = _match(_weight_table(cfg), name) if layout is not None else None
+        if hit is not None and hit[0][-1] == "kernel":
+            layouts[hit[0][:-1]] = layout
+    return layouts
+
+
 def load_weights(
     model_abstract: nnx.Module,
     cfg: ModelConfig,
@@ -113,7 +131,10 @@ def load_weights(
     `cfg` is the checkpoint's config; `kv_repeats` copies of each KV head are placed.
     With `quantize` (a tgix/models/quant.py method; the abstract model already quantized by
     quant.quantize_abstract), each linear kernel is quantized on the host, per output
-    channel, and placed as its codes and scale.
+    channel, and placed as its codes and scale; a 4-bit codebook method (quant_group.
+    CODEBOOK_METHODS, the model from codebook_abstract) quantizes it per block of inputs.
+    A source may also hand a quant_group.GroupedWeight (pre-quantized, kept): it is placed
+    as its arrays, the kernel transform applied to its output channels as a row map.
 
     Raises CheckpointError naming the tensor on: an unexpected tensor, a shape mismatch, a
     tensor set twice, or a parameter the checkpoint lacks.
@@ -131,6 +152,20 @@ def load_weights(
                 f"unexpected tensor {name!r}: no parameter of {cfg.model_type} uses it"
             )
         path, transform = hit
+        raw = source.read(name)
+        if isinstance(raw, GroupedWeight):  # a pre-quantized layer kept quantized
+            weight = raw.take_rows(_row_map(transform, *raw.shape))
+            _place_grouped(name, weight, path[:-1], expected, loaded, mesh)
+            continue
+        if quantize in CODEBOOK_METHODS and path[-1] == "kernel":  # 4-bit at load time
+            module = path[:-1]
+            if module + ("scale",) not in expected:
+                raise CheckpointError(f"tensor {name!r}: {'.'.join(map(str, module))} is not 4-bit")
+            w = np.asarray(transform(raw), np.float32).T  # [N, K]
+            group = w.shape[1] // expected[module + ("scale",)].shape[1]
+            weight = quantize_codebook(w, CODEBOOK_METHODS[quantize], group)
+            _place_grouped(name, weight, module, expected, loaded, mesh)
+            continue
         if quantize and path[-1] == "kernel" and path[:-1] + ("codes",) in expected:
             path = path[:-1] + ("codes",)
         if path not in expected:
@@ -140,7 +175,6 @@ def load_weights(
         if path in loaded:
             raise CheckpointError(f"tensor {name!r} is set twice")
         var = expected[path]
-        raw = source.read(name)
         try:
             value = transform(raw)
         except ValueError as e:
@@ -168,6 +202,36 @@ def load_weights(
             f"checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"
         )
     return nnx.merge(graphdef, nnx.from_flat_state(list(loaded.items())))
+
+
+def _row_map(transform: Transform, n: int, k: int) -> np.ndarray:
+    """The output channels a kernel transform picks: rows with transform(w).T == w[rows] for
+    every w [N, K] (identity, a KV head repeat, a row permutation), found by transforming the
+    row index itself; a transform that mixes inputs is not a row map and is refused."""
+    index = np.broadcast_to(np.arange(n)[:, None], (n, k))
+    mapped = np.asarray(transform(index)).T  # [N', K]
+    rows = mapped[:, 0]
+    if not (mapped == rows[:, None]).all():
+        raise CheckpointError("a quantized layer's transform mixes its input channels")
+    return rows
+
+
+def _place_grouped(name, weight: GroupedWeight, module: Path, expected, loaded, mesh):
+    """Place a GroupedWeight's arrays (quant_group.GroupedWeight.device_arrays) as the grouped
+    Dense at `module`."""
+    for part, host in weight.device_arrays().items():
+        path = module + (part,)
+        if path not in expected:
+            raise CheckpointError(
+                f"tensor {name!r} is quantized, but {'.'.join(map(str, module))} is not a "
+                f"grouped layer with {part}"
+            )
+        if path in loaded:
+            raise CheckpointError(f"tensor {name!r} is set twice")
+        var = expected[path]
+        if host.shape != tuple(var.shape):
+            raise CheckpointError(f"tensor {name!r}: its {part} is {host.shape}, not {var.shape}")
+        loaded[path] = _place(var, host, mesh)
 
 
 def _place(var: nnx.Variable, host: np.ndarray, mesh: Mesh) -> nnx.Variable:

@@ -29,6 +29,7 @@ LOGICAL_TO_MESH: dict[str, str | None] = {
     "mlp": "model",
     "norm": None,
     "draft_heads": None,  # Medusa heads and their blocks (tgix/models/medusa.py)
+    "act_order": None,  # a grouped layer's input permutation (tgix/models/quant_group.py)
 }
 
 
