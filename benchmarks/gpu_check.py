@@ -11,7 +11,8 @@ divergence, and the max |logit| difference at the first step (bf16 keeps ~3 sign
 digits, so long greedy runs may part at near-ties; the first-step logits say whether the
 numerics are sound). Throughput: `tgix.LLM` on the accelerator in bfloat16, B requests of 32
 random prompt tokens, `--new-tokens` each, ignore_eos; decode tok/s over the steady phase as
-benchmarks.engine measures it. One JSON with both, for the closing note.
+benchmarks.engine measures it. Quantized decode (benchmarks.gpu_quant): bf16 vs int8 vs
+4-bit kept on Llama-3-8B-shaped random layers. One JSON with all, for the closing note.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--no-throughput", action="store_true", help="parity only")
+    parser.add_argument("--no-quant", action="store_true", help="skip benchmarks.gpu_quant")
+    parser.add_argument("--quant-layers", type=int, default=8, help="8B-shaped layers")
     parser.add_argument("--json", default="benchmarks/results/gpu_check.json")
     args = parser.parse_args(argv)
     import jax
@@ -120,8 +123,14 @@ def main(argv=None) -> int:
     if not args.no_throughput:
         print("decode throughput (bfloat16):")
         rates = throughput(args.batches, args.new_tokens)
+    quant = []
+    if not args.no_quant:
+        from benchmarks import gpu_quant
+
+        print(f"quantized decode, {args.quant_layers} Llama-3-8B-shaped layers (ms per step):")
+        quant = gpu_quant.run("llama3-8b", args.quant_layers, args.batches, "bfloat16")
     write_json(args.json, {"machine": machine(), "args": vars(args), "parity": checks,
-                           "throughput": rates})  # fmt: skip
+                           "throughput": rates, "quant": quant})  # fmt: skip
     return 0
 
 

@@ -16,7 +16,8 @@ default model's own GGUF file (format gguf: its Q4_1 blocks) or (awq, gptq) a 4-
 checkpoint of the default model in that format, groups of
 --group inputs, written once under $TGIX_CACHE/hf/ by tgix.testing_quant's round-to-nearest
 quantizer (not AWQ's or GPTQ's calibrated search, so its perplexity is an upper bound of
-theirs) from the float32 folder benchmarks.chat_load writes.
+theirs) from the float32 folder benchmarks.chat_load writes. A mode `kv:fp8_e4m3fn` (or
+`kv:fp8_e5m2`) keeps float32 weights and stores the KV pages in fp8 (--kv-cache-dtype).
 """
 
 from __future__ import annotations
@@ -82,8 +83,14 @@ def measure(mode: str | None, args) -> dict:
     from tgix.engine.limits import LimitRequest
 
     limits = LimitRequest(**harness.parse_limits(args.limit, args.kv_tokens))
-    model_id, quantize = None, mode
-    if mode is not None and ":" in mode:
+    model_id, quantize, kv_dtype = None, mode, None
+    os.environ.pop("TGIX_QUANT_FORM", None)  # a form is one mode's, not the next one's
+    if mode is not None and mode.startswith("kv:"):  # float32 weights, fp8 KV pages
+        quantize, kv_dtype = (
+            None,
+            {"fp8_e4m3fn": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}[mode[3:]],
+        )
+    elif mode is not None and ":" in mode:
         fmt, form = mode.split(":")
         model_id = None if fmt == "gguf" else prequantized_folder(fmt, args.group)
         quantize = None
@@ -93,7 +100,9 @@ def measure(mode: str | None, args) -> dict:
         model_id,
         quantize=quantize,
         limits=limits,
-        options=EngineOptions(progress=False, prompt_logprobs=True, prefix_caching=False),
+        options=EngineOptions(
+            progress=False, prompt_logprobs=True, prefix_caching=False, kv_dtype=kv_dtype
+        ),
     )
     out = {"mode": mode or "float32", "construct_s": time.perf_counter() - start}
     try:

@@ -42,6 +42,7 @@ async def info(request: Request) -> Response:
             "speculate": getattr(st.engine, "speculate", 0),  # draft tokens per decode step
             # the effective method: --quantize, or the checkpoint's (null: the model dtype)
             "quantize": getattr(st.engine, "quantize", s.quantize),
+            "kv_cache_dtype": getattr(st.engine, "kv_dtype", None),  # tgix: the KV pages' dtype
             "router": "text-generation-router",
             "version": version(),
             "sha": None,

@@ -51,7 +51,7 @@ class Capabilities:
     """What this build can serve; anything outside it is refused at start-up."""
 
     quantize: frozenset[str] = LOAD_TIME_QUANTIZE | PREQUANTIZED
-    kv_cache_dtype: frozenset[str] = frozenset()
+    kv_cache_dtype: frozenset[str] = frozenset(KV_CACHE_DTYPES)
     max_speculate: int = 8  # tgix.engine.speculate.MAX_SPECULATE
     max_num_shard: int | None = None  # None: the engine checks against the devices
     lora: bool = False

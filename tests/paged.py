@@ -18,10 +18,15 @@ from tgix.engine.kv_cache import init_kv_pages
 class PagedDriver:
     """Runs requests through one model step at a time; each request owns pages it is handed."""
 
-    def __init__(self, model, cfg, mesh, *, page_size=4, num_pages=64, pages_per_row=16):
+    def __init__(
+        self, model, cfg, mesh, *, page_size=4, num_pages=64, pages_per_row=16, kv_dtype=None
+    ):
         self.cfg, self.page_size, self.pages_per_row = cfg, page_size, pages_per_row
         self.attention = model.attention
-        self.kv = init_kv_pages(cfg, num_pages, page_size, mesh=mesh, attention=self.attention)
+        dtype = {} if kv_dtype is None else {"dtype": kv_dtype}
+        self.kv = init_kv_pages(
+            cfg, num_pages, page_size, mesh=mesh, attention=self.attention, **dtype
+        )
         self.free = list(range(num_pages - 1, 0, -1))  # page 0 is the null page
         self.pages: dict[str, list[int]] = {}
         self.lengths: dict[str, int] = {}

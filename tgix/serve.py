@@ -54,6 +54,9 @@ def shard_count(settings, group) -> int | None:
     return None if group is not None or jax.default_backend() != "cpu" else 1
 
 
+KV_DTYPES = {"fp8_e4m3fn": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}  # --kv-cache-dtype
+
+
 def build_engine(settings):
     """The launcher's engine factory: Settings -> a warmed-up Engine. In a multi-process
     group, processes other than 0 replay process 0's steps here and return None when it
@@ -110,6 +113,7 @@ def build_engine(settings):
         prewarm=True,
         speculate=settings.speculate,
         verify_tokens=int(os.environ.get("TGIX_VERIFY_TOKENS", "0")) or None,
+        kv_dtype=KV_DTYPES.get(settings.kv_cache_dtype),
     )
     model_id = settings.model_id or DEFAULT_MODEL_NAME
     try:

@@ -249,7 +249,7 @@ def test_the_engine_serves_a_kept_checkpoint_with_transformers_greedy_ids(checkp
     monkeypatch.setenv("TGIX_QUANT_FORM", "kept")
     prompts = [ids(7, 6), ids(8, 11)]
     ref = testing.load_reference_model(ref_path)
-    options = EngineOptions(progress=False)
+    options = EngineOptions(progress=False, compile=False)
     with LLM(str(path), limits=LimitRequest(**LIMITS), options=options) as llm:
         assert llm.engine.quantize == "gptq"
         done = llm.generate(prompts, max_new_tokens=8, ignore_eos=True)

@@ -131,11 +131,6 @@ def test_legacy_input_length_and_hostname():
             "Invalid argument: Sharding is currently not supported with `exl2` quantization",
         ),
         (
-            ["--kv-cache-dtype", "fp8_e5m2"],
-            {},
-            "Invalid argument: `--kv-cache-dtype fp8_e5m2` is not implemented in tgix yet",
-        ),
-        (
             ["--speculate", "9"],
             {},
             "Invalid argument: `--speculate 9`: draft tokens per step must be within 0 and 8",

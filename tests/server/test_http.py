@@ -200,6 +200,7 @@ def test_info_and_models(http):
         "max_client_batch_size",
         "speculate",
         "quantize",
+        "kv_cache_dtype",
         "router",
         "version",
         "sha",

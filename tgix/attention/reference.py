@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from tgix.attention.contract import MASKED, AttentionMetadata
+from tgix.attention.contract import MASKED, AttentionMetadata, read_pages
 
 
 def reference_attention(
@@ -29,8 +29,8 @@ def reference_attention(
     g = n // k
     pages_of_token = md.page_table[md.token_rows]  # [T, P]
     s = pages_of_token.shape[1] * page_size
-    k_tok = k_pages[pages_of_token].reshape(t, s, k, h)  # [T, S, K, H]
-    v_tok = v_pages[pages_of_token].reshape(t, s, k, h)  # [T, S, K, H]
+    k_tok = read_pages(k_pages, pages_of_token).reshape(t, s, k, h)  # [T, S, K, H]
+    v_tok = read_pages(v_pages, pages_of_token).reshape(t, s, k, h)  # [T, S, K, H]
     q_grouped = q.reshape(t, k, g, h).astype(jnp.float32)
     scores = jnp.einsum("tkgh,tskh->tkgs", q_grouped, k_tok.astype(jnp.float32)) * h**-0.5
 

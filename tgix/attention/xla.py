@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tgix.attention.contract import MASKED, AttentionMetadata
+from tgix.attention.contract import MASKED, AttentionMetadata, read_pages
 
 
 def _softmax_init(shape: tuple[int, ...], head_dim: int):
@@ -206,8 +206,8 @@ def token_pages(
 
     def body(i, carry):
         pages = jax.lax.dynamic_slice_in_dim(pages_of_token, i * chunk_pages, chunk_pages, 1)
-        k_c = k_pages[pages].reshape(s, chunk, k, h).astype(jnp.float32)  # [S, C, K, H]
-        v_c = v_pages[pages].reshape(s, chunk, k, h).astype(jnp.float32)
+        k_c = read_pages(k_pages, pages).reshape(s, chunk, k, h)  # [S, C, K, H] float32
+        v_c = read_pages(v_pages, pages).reshape(s, chunk, k, h)
         scores = jnp.einsum("tkgh,tckh->tkgc", q_grouped, k_c)
         kv_pos = i * chunk + jnp.arange(chunk, dtype=jnp.int32)[None, :]  # [1, C]
         valid = kv_pos < limit  # [S, C]

@@ -27,7 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from tgix.attention.contract import MASKED, AttentionMetadata
+from tgix.attention.contract import MASKED, AttentionMetadata, read_pages
 from tgix.attention.xla import (
     _softmax_init,
     _softmax_step,
@@ -201,8 +201,8 @@ class _Pages:
             ids = jax.lax.dynamic_slice_in_dim(
                 self.page_table[row], i * self.chunk_pages, self.chunk_pages
             )
-            k_c = jnp.moveaxis(self.k_pages[ids].reshape(self.chunk, k, h), 1, 0)  # [K, C, H]
-            v_c = jnp.moveaxis(self.v_pages[ids].reshape(self.chunk, k, h), 1, 0)
+            k_c = jnp.moveaxis(read_pages(self.k_pages, ids).reshape(self.chunk, k, h), 1, 0)
+            v_c = jnp.moveaxis(read_pages(self.v_pages, ids).reshape(self.chunk, k, h), 1, 0)
             scores = jnp.einsum("kgqh,kch->kgqc", q_w, k_c.astype(jnp.float32))
             kv_pos = i * self.chunk + jnp.arange(self.chunk, dtype=jnp.int32)[None, :]
             valid = self._valid(kv_pos, hist, pos_w) & mine[:, None]  # [W, C]

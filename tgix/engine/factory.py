@@ -206,6 +206,7 @@ def create_engine(
     )
     engine.grammar_compiler = _grammar_compiler(tokenizer, cfg.vocab_size, options)
     engine.quantize = loaded.quantize  # /info: the effective method (a checkpoint's included)
+    engine.kv_dtype = kv_dtype.name  # /info
     engine.warmup(run_request=options.warmup)
     return engine
 

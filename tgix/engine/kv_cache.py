@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from tgix.attention.backend import AttentionBackend, backend
-from tgix.attention.contract import LayerKV
+from tgix.attention.contract import LayerKV, storage_dtype
 from tgix.models.config import ModelConfig
 from tgix.sharding.rules import kv_pages_sharding
 
@@ -26,6 +26,7 @@ def init_kv_pages(
     attention = attention or backend()
     shape = attention.kv_shape(num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
     sharding = kv_pages_sharding(mesh)
+    dtype = storage_dtype(dtype)  # fp8: bytes (attention/contract.py)
     zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
     return tuple(LayerKV(zeros(), zeros()) for _ in range(cfg.num_layers))
 

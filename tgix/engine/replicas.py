@@ -50,6 +50,7 @@ class Replicas:
         self.grammar_compiler = first.grammar_compiler
         self.speculate = first.speculate
         self.quantize = getattr(first, "quantize", None)
+        self.kv_dtype = getattr(first, "kv_dtype", None)
         self._turn = itertools.count()
 
     def _load(self, engine) -> float:

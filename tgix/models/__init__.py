@@ -16,6 +16,7 @@ from tgix.models.checkpoint import CheckpointError, SafetensorsSource
 from tgix.models.config import ModelConfig, UnsupportedModelError
 from tgix.models.gguf import GGUFSource
 from tgix.models.hub import ModelFiles, resolve_model
+from tgix.models.kv_scales import WithoutKVScales, apply_kv_scales
 from tgix.models.llama import LlamaForCausalLM
 from tgix.models.medusa import MedusaConfig, load_medusa
 from tgix.models.prequant import (
@@ -159,6 +160,7 @@ def load_model(
             source = PrequantizedSource(source, spec, kept=form == "kept")
         else:
             source.keep_blocks = form == "kept"
+    source = WithoutKVScales(source)
     checkpoint_cfg = ModelConfig.from_hf(hf_config)
     if mesh is None:
         mesh = mesh_for_model(checkpoint_cfg, num_shard, data=data)
@@ -178,6 +180,7 @@ def load_model(
     model = load_weights(
         abstract, checkpoint_cfg, source, mesh, dtype, kv_repeats=repeats, quantize=load_time
     )
+    apply_kv_scales(model, source.scales)
     if medusa is not None:
         heads = load_medusa(
             medusa, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, mesh=mesh, dtype=dtype

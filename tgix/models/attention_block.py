@@ -9,7 +9,7 @@ from __future__ import annotations
 from flax import nnx
 
 from tgix.attention.backend import AttentionBackend
-from tgix.attention.contract import AttentionMetadata, LayerKV
+from tgix.attention.contract import AttentionMetadata, LayerKV, is_fp8
 from tgix.models.config import ModelConfig
 from tgix.models.layers import Dense, RMSNorm, apply_rope
 
@@ -37,6 +37,9 @@ class PagedAttention(nnx.Module):
         self.q_norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dtype) if cfg.qk_norm else None
         self.k_norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dtype) if cfg.qk_norm else None
         self.sliding_window = cfg.sliding_windows[layer] if cfg.sliding_windows else None
+        # fp8 KV: the checkpoint's per-layer (k_scale, v_scale) (tgix/models/kv_scales.py);
+        # pages hold k / k_scale and v / v_scale. Static; ignored with other KV dtypes.
+        self.kv_scales: tuple[float, float] = (1.0, 1.0)
 
     def __call__(self, x, cos, sin, kv: LayerKV, md: AttentionMetadata, fresh_rows: bool):
         """x [T, D], cos/sin [T, H] -> ([T, D], updated LayerKV). `fresh_rows` (static): every
@@ -48,7 +51,14 @@ class PagedAttention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_scale, v_scale = self.kv_scales if is_fp8(kv.k.dtype) else (1.0, 1.0)
+        if (k_scale, v_scale) != (1.0, 1.0):
+            # pages of k / ks and v / vs, attended by q * ks: scores q.k and the output
+            # softmax . v / vs, rescaled below, are the unscaled ones; no backend sees scales
+            q, k, v = q * k_scale, k / k_scale, v / v_scale
         out, kv = self.backend(
             q, k, v, kv, md, fresh=fresh_rows, sliding_window=self.sliding_window
         )
+        if v_scale != 1.0:
+            out = out * v_scale
         return self.o_proj(out.reshape(t, n * h)), kv

@@ -181,7 +181,8 @@ class PrequantizedSource:
         self.layers = sorted(n[: -len(marker) - 1] for n in names if n.endswith("." + marker))
         parts = {f"{p}.{s}" for p in self.layers for s in self._PARTS[spec.method]}
         self._names = [n for n in inner.names() if n not in parts]
-        self._names = [n for n in self._names if n[: -len(".weight")] not in self.layers]
+        replaced = {f"{p}.weight" for p in self.layers}  # fp8: the codes' own name
+        self._names = [n for n in self._names if n not in replaced]
         self._names += [f"{p}.weight" for p in self.layers]
         if not self.layers:
             raise CheckpointError(f"a {spec.method} config but no quantized layer tensors")
