@@ -2,7 +2,7 @@
 float32 on CPU for the default model, and decode throughput on one accelerator.
 
     python -m benchmarks.gpu_check [--tokens 32] [--batches 1 8 32] [--json PATH]
-    python -m benchmarks.gpu_check --device cpu --tokens 4 --no-throughput   # smoke test
+    python -m benchmarks.gpu_check --device cpu --tokens 4 --no-throughput --no-quant  # smoke
 
 Parity: the same prompts run greedily through the engine's own step (tests/paged-style
 driver: one prefill, then one token at a time) twice, float32 on the CPU backend (the
