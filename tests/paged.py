@@ -92,3 +92,14 @@ def greedy(driver: PagedDriver, prompt: Sequence[int], max_new_tokens: int, *, b
         out.append(nxt)
     driver.release("g")
     return out
+
+
+def prompt_then_tokens(loaded, prompt, continuation, *, num_tokens=24, num_pages=24):
+    """Logits [len(prompt) + len(continuation), V] of a model (tgix.models.LoadedModel): the
+    prompt in one step padded to `num_tokens`, then one token per step; every page returns."""
+    driver = PagedDriver(loaded.model, loaded.config, loaded.mesh, num_pages=num_pages)
+    out = [driver.step({"r": list(prompt)}, num_tokens=num_tokens, all_logits=True)["r"]]
+    out += [driver.step({"r": [t]})["r"][None] for t in continuation]
+    driver.release("r")
+    assert len(driver.free) == num_pages - 1
+    return np.concatenate(out)

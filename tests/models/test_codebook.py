@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
-from tests.paged import PagedDriver
+from tests.paged import prompt_then_tokens
 from tgix import testing
 from tgix.models import load_model
 from tgix.models.quant_group import CODEBOOKS, codebook_group, quantize_codebook
@@ -66,15 +66,6 @@ def quantized(request, tiny_checkpoints, tmp_path_factory):
     return str(src), f"bitsandbytes-{request.param}", testing.load_reference_model(dst)
 
 
-def logits_of(loaded, prompt, continuation):
-    driver = PagedDriver(loaded.model, loaded.config, loaded.mesh, page_size=4, num_pages=24)
-    out = [driver.step({"r": prompt}, num_tokens=24, all_logits=True)["r"]]
-    out += [driver.step({"r": [t]})["r"][None] for t in continuation]
-    driver.release("r")
-    assert len(driver.free) == 23
-    return np.concatenate(out)
-
-
 def test_logits_match_transformers_on_the_dequantized_weights(quantized):
     path, method, ref = quantized
     loaded = load_model(path, quantize=method)
@@ -85,7 +76,9 @@ def test_logits_match_transformers_on_the_dequantized_weights(quantized):
     prompt, continuation = rng.integers(3, 290, 15).tolist(), rng.integers(3, 290, 3).tolist()
     with torch.no_grad():
         full = ref(torch.tensor([prompt + continuation])).logits[0].numpy()
-    np.testing.assert_allclose(logits_of(loaded, prompt, continuation), full, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        prompt_then_tokens(loaded, prompt, continuation), full, atol=1e-4, rtol=0
+    )
 
 
 def test_two_shards_give_one_devices_logits(quantized):
@@ -95,5 +88,8 @@ def test_two_shards_give_one_devices_logits(quantized):
     assert two.model.layers[0].mlp.down_proj.codes[...].sharding.spec[1] == "model"
     prompt = list(range(5, 16))
     np.testing.assert_allclose(
-        logits_of(two, prompt, [7]), logits_of(one, prompt, [7]), atol=1e-4, rtol=0
+        prompt_then_tokens(two, prompt, [7]),
+        prompt_then_tokens(one, prompt, [7]),
+        atol=1e-4,
+        rtol=0,
     )

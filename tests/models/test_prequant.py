@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from tests.paged import PagedDriver, greedy
+from tests.paged import PagedDriver, greedy, prompt_then_tokens
 from tgix import testing, testing_quant
 from tgix.models import QuantizeError, load_model
 from tgix.models.checkpoint import SafetensorsSource
@@ -118,15 +118,6 @@ def ids(seed, n):
     return np.random.default_rng(seed).integers(3, 290, size=n).tolist()
 
 
-def logits_of(loaded, prompt, continuation):
-    driver = PagedDriver(loaded.model, loaded.config, loaded.mesh, page_size=4, num_pages=24)
-    out = [driver.step({"r": prompt}, num_tokens=24, all_logits=True)["r"]]
-    out += [driver.step({"r": [t]})["r"][None] for t in continuation]
-    driver.release("r")
-    assert len(driver.free) == 23
-    return np.concatenate(out)
-
-
 @pytest.mark.parametrize(
     "variant,form",
     [(v, "kept") for v in VARIANTS if v != "ct-fp8"]
@@ -152,7 +143,9 @@ def test_logits_match_transformers_on_the_dequantized_weights(checkpoints, varia
         ref = testing.load_reference_model(ref_path)
         full = ref(torch.tensor([prompt + continuation])).logits[0].numpy()
     assert full.std() > 0.5
-    np.testing.assert_allclose(logits_of(loaded, prompt, continuation), full, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        prompt_then_tokens(loaded, prompt, continuation), full, atol=ATOL, rtol=0
+    )
 
 
 @pytest.mark.parametrize("variant", ["awq", "gptq-act-order"])
@@ -181,10 +174,10 @@ def test_three_shards_give_one_devices_logits(checkpoints, variant):
         np.asarray(down.codes[...]), np.asarray(one.model.layers[1].mlp.down_proj.codes[...])
     )
     prompt, continuation = ids(3, 11), ids(4, 2)
+    want = prompt_then_tokens(one, prompt, continuation)
     np.testing.assert_allclose(
-        logits_of(three, prompt, continuation), logits_of(one, prompt, continuation),
-        atol=ATOL, rtol=0,
-    )  # fmt: skip
+        prompt_then_tokens(three, prompt, continuation), want, atol=ATOL, rtol=0
+    )
 
 
 def test_int8_form_requantizes_per_output_channel(checkpoints):
@@ -197,7 +190,7 @@ def test_int8_form_requantizes_per_output_channel(checkpoints):
     prompt = ids(6, 12)
     with torch.no_grad():
         full = testing.load_reference_model(ref_path)(torch.tensor([prompt])).logits[0].numpy()
-    got = logits_of(loaded, prompt, [])
+    got = prompt_then_tokens(loaded, prompt, [])
     assert np.abs(got - full).max() < 0.1 * full.std()  # measured 0.07
     assert (got.argmax(-1) == full.argmax(-1)).sum() >= 10  # of 12; measured 11
 
