@@ -87,7 +87,7 @@ def test_unpacked_weights_equal_the_format_definition(checkpoints, variant):
             assert got.dtype == want[name].dtype and got.shape == want[name].shape, name
             np.testing.assert_array_equal(got, want[name], err_msg=name)
         layers = 3 * 7 - (variant == "awq")  # AWQ's skipped down_proj stays float
-        assert quantized == (0 if not kept or variant == "ct-fp8" else layers)
+        assert quantized == (layers if kept else 0)
 
 
 def test_act_order_moves_groups_into_one_block_each(checkpoints):
@@ -120,7 +120,7 @@ def ids(seed, n):
 
 @pytest.mark.parametrize(
     "variant,form",
-    [(v, "kept") for v in VARIANTS if v != "ct-fp8"]
+    [(v, "kept") for v in VARIANTS]
     + [("awq", "float"), ("gptq-act-order", "float"), ("ct-fp8", "float")],
 )
 def test_logits_match_transformers_on_the_dequantized_weights(checkpoints, variant, form):

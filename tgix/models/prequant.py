@@ -16,6 +16,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from tgix.models.checkpoint import CheckpointError, TensorSource
@@ -195,18 +196,19 @@ class PrequantizedSource:
         if not name.endswith(".weight") or prefix not in self.layers:
             return self.inner.read(name)
         weight = self.read_grouped(prefix)
-        if isinstance(weight, np.ndarray):  # fp8: float weights in every form
-            return weight
         return weight if self.kept else weight.dequantize()
 
     def layout(self, name: str) -> GroupLayout | None:
         """The kept form's layout of tensor `name` (None: a float tensor), from shapes and
         g_idx alone (the codes are not unpacked twice)."""
         prefix = name[: -len(".weight")]
-        if not self.kept or self.spec.fp8 or prefix not in self.layers:
+        if not self.kept or prefix not in self.layers:
             return None
         get = lambda part: self.inner.read(f"{prefix}.{part}")
         g_idx = None
+        if self.spec.fp8:  # one group per row: the channel (or tensor) scale
+            k = get("weight").shape[1]
+            return GroupLayout(8, k, zero=False, offset=False, perm=False, codebook="fp8_e4m3fn")
         if self.spec.method == "awq":
             k, groups = get("qweight").shape[0], get("scales").shape[0]
         elif self.spec.method == "gptq":
@@ -222,8 +224,9 @@ class PrequantizedSource:
     def _has(self, prefix: str, part: str) -> bool:
         return f"{prefix}.{part}" in self._inner_names
 
-    def read_grouped(self, prefix: str) -> GroupedWeight | np.ndarray:
-        """Layer `prefix`'s weight [N, K] (fp8 checkpoints: float32, as codes * scale)."""
+    def read_grouped(self, prefix: str) -> GroupedWeight:
+        """Layer `prefix`'s weight [N, K] (fp8: its bytes as codes of the fp8 codebook, one
+        group per row)."""
         get = lambda part: np.asarray(self.inner.read(f"{prefix}.{part}"))
         has = lambda part: self._has(prefix, part)
         spec = self.spec
@@ -234,8 +237,12 @@ class PrequantizedSource:
                 g_idx = get("g_idx") if has("g_idx") else None
                 return self._gptq(get("qweight"), get("qzeros"), get("scales"), g_idx)
             if spec.fp8:
+                if get("weight").dtype != np.dtype(ml_dtypes.float8_e4m3fn):
+                    raise CheckpointError(f"{prefix}.weight is {get('weight').dtype}, not F8_E4M3")
+                codes = np.ascontiguousarray(get("weight")).view(np.uint8)
                 scale = get("weight_scale").astype(np.float32).reshape(-1, 1)
-                return get("weight").astype(np.float32) * scale
+                scale = np.broadcast_to(scale, (codes.shape[0], 1)).copy()  # a tensor scale
+                return GroupedWeight(codes, scale, 8, codebook="fp8_e4m3fn")
             zp = get("weight_zero_point") if has("weight_zero_point") else None
             g_idx = get("weight_g_idx") if has("weight_g_idx") else None
             shape = tuple(int(v) for v in get("weight_shape"))

@@ -34,6 +34,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from flax import nnx
 
@@ -64,7 +65,14 @@ def _fp4() -> np.ndarray:
     return (np.array(values) / 12.0).astype(np.float32)
 
 
-CODEBOOKS = {"nf4": _nf4(), "fp4": _fp4()}  # code -> value, times the block's absmax
+def _fp8_e4m3fn() -> np.ndarray:
+    """Every float8_e4m3fn value by its byte (a pre-quantized fp8 checkpoint's codes, kept as
+    bytes; the two NaN bytes never occur in a clipped weight)."""
+    return np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+
+# code -> value, times the block's scale (absmax for nf4/fp4, the fp8 checkpoint's scale)
+CODEBOOKS = {"nf4": _nf4(), "fp4": _fp4(), "fp8_e4m3fn": _fp8_e4m3fn()}
 
 
 def default_form() -> str:
