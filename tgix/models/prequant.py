@@ -180,6 +180,7 @@ class PrequantizedSource:
         names = self._inner_names = set(inner.names())
         marker = "weight_scale" if spec.method == "compressed-tensors" else "qweight"
         self.layers = sorted(n[: -len(marker) - 1] for n in names if n.endswith("." + marker))
+        self._layer_set = frozenset(self.layers)
         parts = {f"{p}.{s}" for p in self.layers for s in self._PARTS[spec.method]}
         self._names = [n for n in inner.names() if n not in parts]
         replaced = {f"{p}.weight" for p in self.layers}  # fp8: the codes' own name
@@ -193,7 +194,7 @@ class PrequantizedSource:
 
     def read(self, name: str):
         prefix = name[: -len(".weight")]
-        if not name.endswith(".weight") or prefix not in self.layers:
+        if not name.endswith(".weight") or prefix not in self._layer_set:
             return self.inner.read(name)
         weight = self.read_grouped(prefix)
         return weight if self.kept else weight.dequantize()
@@ -202,7 +203,7 @@ class PrequantizedSource:
         """The kept form's layout of tensor `name` (None: a float tensor), from shapes and
         g_idx alone (the codes are not unpacked twice)."""
         prefix = name[: -len(".weight")]
-        if not self.kept or prefix not in self.layers:
+        if not self.kept or prefix not in self._layer_set:
             return None
         get = lambda part: self.inner.read(f"{prefix}.{part}")
         g_idx = None
