@@ -81,15 +81,13 @@ def measure(mode: str | None, args) -> dict:
     from tgix import LLM
     from tgix.engine.factory import EngineOptions
     from tgix.engine.limits import LimitRequest
+    from tgix.serve import KV_DTYPES
 
     limits = LimitRequest(**harness.parse_limits(args.limit, args.kv_tokens))
     model_id, quantize, kv_dtype = None, mode, None
     os.environ.pop("TGIX_QUANT_FORM", None)  # a form is one mode's, not the next one's
     if mode is not None and mode.startswith("kv:"):  # float32 weights, fp8 KV pages
-        quantize, kv_dtype = (
-            None,
-            {"fp8_e4m3fn": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}[mode[3:]],
-        )
+        quantize, kv_dtype = None, KV_DTYPES[mode[3:]]
     elif mode is not None and ":" in mode:
         fmt, form = mode.split(":")
         model_id = None if fmt == "gguf" else prequantized_folder(fmt, args.group)

@@ -104,6 +104,21 @@ def _linear_layers(tensors, skip) -> list[str]:
     ]  # fmt: skip
 
 
+def write_roundtrip_twin(src, dst, roundtrip) -> pathlib.Path:
+    """A float copy of checkpoint `src` whose linear weights [N, K] are `roundtrip(w)`
+    (quantize then dequantize with a load-time method: the weights that method serves)."""
+    from safetensors.numpy import load_file, save_file
+
+    dst = pathlib.Path(shutil.copytree(src, dst))
+    for file in dst.glob("*.safetensors"):
+        tensors = load_file(file)
+        for name, value in tensors.items():
+            if name.split(".")[-2] in LINEAR and name.endswith(".weight"):
+                tensors[name] = roundtrip(value)
+        save_file(tensors, file, metadata={"format": "pt"})
+    return dst
+
+
 def write_awq_checkpoint(base, path, *, reference=None, group: int = 8, skip=()) -> pathlib.Path:
     """AutoAWQ `gemm` checkpoint (4-bit, asymmetric): qweight [K, N/8] and qzeros [K/G, N/8]
     packed along N in AWQ's order, scales [K/G, N] float16; `skip` layers stay float (listed

@@ -3,21 +3,18 @@ NF4's normal quantiles and bitsandbytes' FP4, each weight is its block's nearest
 times the block's absmax (checked by brute force here), and the model's logits equal
 transformers' on a checkpoint holding those dequantized weights (1e-4), on 1 and 2 shards."""
 
-import shutil
-
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import load_file, save_file
 
 from tests.paged import prompt_then_tokens
 from tgix import testing
 from tgix.models import load_model
 from tgix.models.quant_group import CODEBOOKS, codebook_group, quantize_codebook
 from tgix.sharding import make_mesh
+from tgix.testing_quant import write_roundtrip_twin
 
 pytestmark = pytest.mark.reference
-LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def test_the_books_are_nf4_and_bitsandbytes_fp4():
@@ -55,14 +52,9 @@ def test_each_weight_is_its_blocks_nearest_book_value(book):
 def quantized(request, tiny_checkpoints, tmp_path_factory):
     """(checkpoint, method, transformers on its 4-bit-dequantized twin)."""
     src = tiny_checkpoints("llama")
-    dst = shutil.copytree(src, tmp_path_factory.mktemp("deq") / request.param)
-    for file in dst.glob("*.safetensors"):
-        tensors = load_file(file)
-        for name, value in tensors.items():
-            if name.split(".")[-2] in LINEAR and name.endswith(".weight"):
-                group = codebook_group(value.shape[1])
-                tensors[name] = quantize_codebook(value, request.param, group).dequantize()
-        save_file(tensors, file, metadata={"format": "pt"})
+    book = request.param
+    roundtrip = lambda w: quantize_codebook(w, book, codebook_group(w.shape[1])).dequantize()
+    dst = write_roundtrip_twin(src, tmp_path_factory.mktemp("deq") / book, roundtrip)
     return str(src), f"bitsandbytes-{request.param}", testing.load_reference_model(dst)
 
 

@@ -6,14 +6,11 @@ with int8 activations (CPU's default for int8 codes) each product equals its int
 definition, a row's result does not depend on the rest of the step, and the default model
 keeps float32's greedy tokens."""
 
-import shutil
-
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import load_file, save_file
 
 from tests.paged import PagedDriver
 from tgix import testing
@@ -26,10 +23,10 @@ from tgix.models.quant import (
     quantize_rows,
 )
 from tgix.sharding import make_mesh
+from tgix.testing_quant import write_roundtrip_twin
 
 pytestmark = pytest.mark.reference
 ATOL = 1e-4
-LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def test_int8_codes_are_rounded_weights_over_the_channel_absmax():
@@ -56,23 +53,12 @@ def test_fp8_codes_saturate_instead_of_overflowing_to_nan():
     np.testing.assert_allclose(dequantize(codes, scale), w, rtol=0.07, atol=1e-3)
 
 
-def write_dequantized(src, dst, method):
-    """A float copy of checkpoint `src` whose linear weights are quantize -> dequantize."""
-    shutil.copytree(src, dst)
-    for file in dst.glob("*.safetensors"):
-        tensors = load_file(file)
-        for name, value in tensors.items():
-            if name.split(".")[-2] in LINEAR and name.endswith(".weight"):
-                tensors[name] = dequantize(*quantize_rows(value, method))
-        save_file(tensors, file, metadata={"format": "pt"})
-    return dst
-
-
 @pytest.fixture(scope="module", params=[("llama", "eetq"), ("qwen2", "fp8")], ids="-".join)
 def quantized(request, tiny_checkpoints, tmp_path_factory):
     family, method = request.param
     src = tiny_checkpoints(family)
-    ref_path = write_dequantized(src, tmp_path_factory.mktemp("deq") / family, method)
+    roundtrip = lambda w: dequantize(*quantize_rows(w, method))
+    ref_path = write_roundtrip_twin(src, tmp_path_factory.mktemp("deq") / family, roundtrip)
     return str(src), method, testing.load_reference_model(ref_path)
 
 

@@ -43,8 +43,8 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
-_LINEAR = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")
-_LINEAR += ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+# the linear weights (kept in their blocks with keep_blocks): those mapped to *_proj.weight
+_LINEAR = tuple(g for g, hf in _LAYER_NAMES.items() if hf.endswith("_proj.weight"))
 
 
 def hf_name(gguf_name: str) -> str:

@@ -108,10 +108,10 @@ def _match(table, name: str) -> tuple[Path, Transform] | None:
 def grouped_layouts(cfg: ModelConfig, source) -> dict[Path, GroupLayout]:
     """Module path -> GroupLayout of every layer `source` (prequant.PrequantizedSource) keeps
     quantized, so quant_group.group_abstract can shape the model before any tensor is read."""
-    layouts = {}
+    layouts, table = {}, _weight_table(cfg)
     for name in source.names():
         layout = source.layout(name)
-        hit = _match(_weight_table(cfg), name) if layout is not None else None
+        hit = _match(table, name) if layout is not None else None
         if hit is not None and hit[0][-1] == "kernel":
             layouts[hit[0][:-1]] = layout
     return layouts
@@ -143,6 +143,7 @@ def load_weights(
     expected: dict[Path, nnx.Variable] = dict(nnx.to_flat_state(state))
     table = _weight_table(cfg, kv_repeats)
     loaded: dict[Path, nnx.Variable] = {}
+    row_maps: dict[tuple, np.ndarray] = {}  # (transform, N, K) -> rows: one per layer kind
     for name in source.names():
         hit = _match(table, name)
         if hit is None:
@@ -154,7 +155,10 @@ def load_weights(
         path, transform = hit
         raw = source.read(name)
         if isinstance(raw, GroupedWeight):  # a pre-quantized layer kept quantized
-            weight = raw.take_rows(_row_map(transform, *raw.shape))
+            key = (transform, *raw.shape)
+            if key not in row_maps:
+                row_maps[key] = _row_map(transform, *raw.shape)
+            weight = raw.take_rows(row_maps[key])
             _place_grouped(name, weight, path[:-1], expected, loaded, mesh)
             continue
         if quantize in CODEBOOK_METHODS and path[-1] == "kernel":  # 4-bit at load time
@@ -208,7 +212,7 @@ def _row_map(transform: Transform, n: int, k: int) -> np.ndarray:
     """The output channels a kernel transform picks: rows with transform(w).T == w[rows] for
     every w [N, K] (identity, a KV head repeat, a row permutation), found by transforming the
     row index itself; a transform that mixes inputs is not a row map and is refused."""
-    index = np.broadcast_to(np.arange(n)[:, None], (n, k))
+    index = np.broadcast_to(np.arange(n, dtype=np.int32)[:, None], (n, k))
     mapped = np.asarray(transform(index)).T  # [N', K]
     rows = mapped[:, 0]
     if not (mapped == rows[:, None]).all():
