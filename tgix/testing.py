@@ -115,7 +115,82 @@ _FAMILY_OVERRIDES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 
+# The Llama-shaped families above; speculation and Medusa tests run over these only.
+LLAMA_FAMILIES: tuple[str, ...] = tuple(_FAMILY_OVERRIDES)
+
+_GEMMA = {
+    "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh",
+    "sliding_window": 5,
+    "query_pre_attn_scalar": 24,  # a scale of 24^-0.5, not head_dim^-0.5
+    "tie_word_embeddings": True,
+}
+_MOE = {"num_experts_per_tok": 2}
+_FAMILY_OVERRIDES.update(
+    {
+        # caps small enough that tanh bends the scores and the logits
+        "gemma2": (
+            "Gemma2Config",
+            {**_GEMMA, "attn_logit_softcapping": 4.0, "final_logit_softcapping": 3.0},
+        ),
+        "gemma3": (
+            "Gemma3TextConfig",
+            {
+                **_GEMMA,
+                "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                },
+            },
+        ),
+        "phi3": ("Phi3Config", {"sliding_window": 7}),
+        # Phi-4-mini's shape: LongRoPE over half of each head; prompts cross the switch at 16
+        "phi3_longrope": (
+            "Phi3Config",
+            {
+                "rope_parameters": {
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.5,
+                    "short_factor": [1.0, 1.1, 1.3, 1.6],
+                    "long_factor": [1.2, 2.0, 3.5, 6.0],
+                },
+                "original_max_position_embeddings": 16,
+                "hidden_size": 64,  # Phi3Config checks the factors against D // N, not H
+            },
+        ),
+        "mixtral": ("MixtralConfig", {**_MOE, "num_local_experts": 4}),
+        "qwen3_moe": (
+            "Qwen3MoeConfig",
+            {
+                **_MOE,
+                "num_experts": 4,
+                "moe_intermediate_size": 24,
+                "norm_topk_prob": False,
+                "mlp_only_layers": [1],  # a dense layer between sparse ones
+                "use_sliding_window": False,
+                "sliding_window": None,
+            },
+        ),
+        # 6 experts: an expert axis over 2 devices, tensor-parallel experts over 4
+        "qwen2_moe": (
+            "Qwen2MoeConfig",
+            {
+                **_MOE,
+                "num_experts": 6,
+                "moe_intermediate_size": 24,
+                "shared_expert_intermediate_size": 32,
+                "norm_topk_prob": True,
+                "use_sliding_window": False,
+                "sliding_window": None,
+            },
+        ),
+    }
+)
+
 FAMILIES: tuple[str, ...] = tuple(_FAMILY_OVERRIDES)
+NEW_FAMILIES: tuple[str, ...] = tuple(f for f in FAMILIES if f not in LLAMA_FAMILIES)
 
 
 def _make_config(family: str):
@@ -132,9 +207,14 @@ def _make_config(family: str):
 def tiny_hf_config(family: str) -> dict:
     """The config.json dict (as transformers would write it) for ``family``."""
     config = _make_config(family)
-    config.architectures = [type(config).__name__.replace("Config", "ForCausalLM")]
+    config.architectures = [_model_class_name(config)]
     config.dtype = "float32"
     return json.loads(config.to_json_string())
+
+
+def _model_class_name(config) -> str:
+    """Gemma3TextConfig -> Gemma3ForCausalLM, LlamaConfig -> LlamaForCausalLM."""
+    return type(config).__name__.replace("TextConfig", "Config").replace("Config", "ForCausalLM")
 
 
 def _reinit_(model, seed: int) -> None:
@@ -162,8 +242,11 @@ def _reinit_(model, seed: int) -> None:
                 fill(module.weight, 1.0 / math.sqrt(module.in_features))
                 if module.bias is not None:
                     fill(module.bias, 0.2)
-            elif type(module).__name__.endswith("RMSNorm"):
-                fill(module.weight, 0.2, mean=1.0)
+            elif type(module).__name__.endswith("RMSNorm"):  # Gemma's scale by 1 + weight
+                fill(module.weight, 0.2, mean=0.0 if "Gemma" in type(module).__name__ else 1.0)
+        for name, param in model.named_parameters():  # stacked experts [E, out, in], routers
+            if id(param) not in done and param.ndim >= 2 and ("expert" in name or "gate" in name):
+                fill(param, 1.0 / math.sqrt(param.shape[-1]))
     missed = [name for name, p in model.named_parameters() if id(p) not in done]
     if missed:
         raise RuntimeError(f"parameters not re-initialised: {missed}")
@@ -182,7 +265,7 @@ def write_tiny_checkpoint(
     for key, value in (overrides or {}).items():
         setattr(config, key, value)
     torch.manual_seed(seed)
-    model_class = getattr(transformers, type(config).__name__.replace("Config", "ForCausalLM"))
+    model_class = getattr(transformers, _model_class_name(config))
     model = model_class(config).to(torch.float32).eval()
     _reinit_(model, seed)
     shard = {"max_shard_size": "100KB"} if sharded else {}

@@ -58,9 +58,11 @@ class AttentionBackend(Protocol):
         *,
         fresh: bool,
         sliding_window: int | None,
+        softcap: float | None = None,
     ) -> tuple[jax.Array, LayerKV]:
         """q [T, N, H], this step's k, v [T, K, H] -> (out [T, N, H], kv holding k and v).
-        `fresh` (static): no row has KV from earlier steps (every row starts at 0)."""
+        `fresh` (static): no row has KV from earlier steps (every row starts at 0).
+        `softcap` (static): scores = cap * tanh(scores / cap) before the mask (Gemma 2)."""
         ...
 
 
@@ -73,14 +75,15 @@ class XlaBackend(PagedLayout):
 
     name: ClassVar[str] = "paged"
 
-    def __call__(self, q, k, v, kv, md, *, fresh, sliding_window):
+    def __call__(self, q, k, v, kv, md, *, fresh, sliding_window, softcap=None):
         kv = self.write(kv, k, v, md)
+        mask = dict(sliding_window=sliding_window, softcap=softcap)
         if fresh:
-            out = prefill_attention(q, k, v, md, sliding_window=sliding_window)
+            out = prefill_attention(q, k, v, md, **mask)
         elif q.shape[0] > md.kv_lens.shape[0]:  # prompt chunks in the step
-            out = mixed_attention(q, k, v, kv.k, kv.v, md, sliding_window=sliding_window)
+            out = mixed_attention(q, k, v, kv.k, kv.v, md, **mask)
         else:
-            out = paged_attention(q, kv.k, kv.v, md, sliding_window=sliding_window)
+            out = paged_attention(q, kv.k, kv.v, md, **mask)
         return out, kv
 
 
@@ -92,12 +95,15 @@ class ReferenceBackend(PagedLayout):
 
     name: ClassVar[str] = "reference"
 
-    def __call__(self, q, k, v, kv, md, *, fresh, sliding_window):
+    def __call__(self, q, k, v, kv, md, *, fresh, sliding_window, softcap=None):
         kv = self.write(kv, k, v, md)
         k_pages, v_pages = kv
         if fresh and md.page_table.shape[1] == 0:
             k_pages, v_pages, md = own_token_pages(k, v, md)
-        return reference_attention(q, k_pages, v_pages, md, sliding_window=sliding_window), kv
+        out = reference_attention(
+            q, k_pages, v_pages, md, sliding_window=sliding_window, softcap=softcap
+        )
+        return out, kv
 
 
 BACKENDS: dict[str, type] = {"paged": XlaBackend, "reference": ReferenceBackend}

@@ -23,6 +23,12 @@ from tgix.attention.pack import pack_step
 MASKED = -1e30
 
 
+def soft_cap(scores: jax.Array, cap: float | None) -> jax.Array:
+    """Gemma 2's attention soft-capping: cap * tanh(scores / cap) (scores already scaled);
+    None leaves them as they are. Applied before the mask, as transformers does."""
+    return scores if cap is None else cap * jnp.tanh(scores / cap)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class AttentionMetadata:

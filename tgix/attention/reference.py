@@ -7,7 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from tgix.attention.contract import MASKED, AttentionMetadata, read_pages
+from tgix.attention.contract import MASKED, AttentionMetadata, read_pages, soft_cap
 
 
 def reference_attention(
@@ -17,6 +17,7 @@ def reference_attention(
     md: AttentionMetadata,
     *,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> jax.Array:
     """Masked GQA over each token's row of pages, softmax in float32: the correctness oracle.
 
@@ -33,6 +34,7 @@ def reference_attention(
     v_tok = read_pages(v_pages, pages_of_token).reshape(t, s, k, h)  # [T, S, K, H]
     q_grouped = q.reshape(t, k, g, h).astype(jnp.float32)
     scores = jnp.einsum("tkgh,tskh->tkgs", q_grouped, k_tok.astype(jnp.float32)) * h**-0.5
+    scores = soft_cap(scores, softcap)
 
     kv_pos = jnp.arange(s, dtype=jnp.int32)[None, :]  # [1, S]
     q_pos = md.positions[:, None]  # [T, 1]

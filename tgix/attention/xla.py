@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tgix.attention.contract import MASKED, AttentionMetadata, read_pages
+from tgix.attention.contract import MASKED, AttentionMetadata, read_pages, soft_cap
 
 
 def _softmax_init(shape: tuple[int, ...], head_dim: int):
@@ -48,6 +48,7 @@ def prefill_attention(
     *,
     sliding_window: int | None = None,
     block: int | None = None,
+    softcap: float | None = None,
 ) -> jax.Array:
     """Causal GQA among the step's own tokens, for steps whose rows all start at position 0.
 
@@ -65,7 +66,7 @@ def prefill_attention(
     k = k_new.shape[1]
     fresh = lambda qb, start, q_blk, q_rows, q_pos: _softmax_init((k, n // k, q_blk.shape[2]), h)
     run = lambda b: causal_blocks(
-        q, k_new, v_new, md, fresh, sliding_window=sliding_window, block=b
+        q, k_new, v_new, md, fresh, sliding_window=sliding_window, block=b, softcap=softcap
     )
     return run(block) if block else by_longest_row(md, t, run)
 
@@ -105,7 +106,9 @@ def scaled_query_heads(q: jax.Array, num_kv_heads: int, pad: int) -> jax.Array:
     return heads_first(q, (num_kv_heads, n // num_kv_heads, h), pad) * h**-0.5
 
 
-def causal_blocks(q, k_new, v_new, md: AttentionMetadata, block_init, *, sliding_window, block):
+def causal_blocks(
+    q, k_new, v_new, md: AttentionMetadata, block_init, *, sliding_window, block, softcap=None
+):
     """prefill_attention's loop, starting each query block from `block_init(qb, start, q_blk
     [K, G, Q, H] (scaled), q_rows [Q], q_pos [Q])`: a softmax carry ([K, G, Q] max and
     denominator, [K, G, Q, H] sum) that may already hold attention to earlier KV (paged
@@ -138,7 +141,7 @@ def causal_blocks(q, k_new, v_new, md: AttentionMetadata, block_init, *, sliding
             valid &= jax.lax.dynamic_slice_in_dim(real, at, block)[None, :]  # [Q, S]
             if sliding_window is not None:
                 valid &= k_pos[None, :] > q_pos[:, None] - sliding_window
-            scores = jnp.einsum("kgqh,ksh->kgqs", q_blk, k_blk)
+            scores = soft_cap(jnp.einsum("kgqh,ksh->kgqs", q_blk, k_blk), softcap)
             scores = jnp.where(valid[None, None], scores, MASKED)
             return _softmax_step(carry, scores, v_blk, "kgqs,ksh->kgqh")
 
@@ -162,6 +165,7 @@ def paged_attention(
     *,
     sliding_window: int | None = None,
     chunk_pages: int = 8,
+    softcap: float | None = None,
 ) -> jax.Array:
     """The reference's result, computed chunk by chunk with an online softmax (flash-decoding).
 
@@ -187,6 +191,7 @@ def paged_attention(
         jnp.max(md.kv_lens),
         chunk_pages=chunk_pages,
         sliding_window=sliding_window,
+        softcap=softcap,
     )
     out = _softmax_result(denom, acc)  # 0 only for empty padding rows
     return out.reshape(t, n, h).astype(q.dtype)
@@ -194,7 +199,7 @@ def paged_attention(
 
 def token_pages(
     q_grouped, k_pages, v_pages, pages_of_token, limit, q_pos, longest, *, chunk_pages,
-    sliding_window,
+    sliding_window, softcap=None,
 ):  # fmt: skip
     """Each token's own row pages, gathered per token `chunk_pages` pages at a time, folded
     into an online softmax: q_grouped [S, K, G, H] (scaled), pages_of_token [S, P'] (P' a
@@ -208,7 +213,7 @@ def token_pages(
         pages = jax.lax.dynamic_slice_in_dim(pages_of_token, i * chunk_pages, chunk_pages, 1)
         k_c = read_pages(k_pages, pages).reshape(s, chunk, k, h)  # [S, C, K, H] float32
         v_c = read_pages(v_pages, pages).reshape(s, chunk, k, h)
-        scores = jnp.einsum("tkgh,tckh->tkgc", q_grouped, k_c)
+        scores = soft_cap(jnp.einsum("tkgh,tckh->tkgc", q_grouped, k_c), softcap)
         kv_pos = i * chunk + jnp.arange(chunk, dtype=jnp.int32)[None, :]  # [1, C]
         valid = kv_pos < limit  # [S, C]
         if sliding_window is not None:

@@ -27,7 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from tgix.attention.contract import MASKED, AttentionMetadata, read_pages
+from tgix.attention.contract import MASKED, AttentionMetadata, read_pages, soft_cap
 from tgix.attention.xla import (
     _softmax_init,
     _softmax_step,
@@ -61,6 +61,7 @@ def mixed_attention(
     sliding_window: int | None = None,
     block: int | None = None,
     chunk_pages: int = 8,
+    softcap: float | None = None,
 ) -> jax.Array:
     """q [T, N, H]; k_new, v_new [T, K, H] (this step's K/V); pages [num_pages, page_size, K, H]
     (holding every row's history); returns [T, N, H], equal to reference_attention."""
@@ -73,7 +74,7 @@ def mixed_attention(
     lead = jnp.sum(jnp.cumprod(q_lens == 1))  # tokens in the leading run of one-token rows
     real = md.cu_q_lens[-1]
     page_table = jnp.pad(md.page_table, ((0, 0), (0, -md.page_table.shape[1] % chunk_pages)))
-    pages = _Pages(k_pages, v_pages, page_table, chunk_pages, page_size, sliding_window)
+    pages = _Pages(k_pages, v_pages, page_table, chunk_pages, page_size, sliding_window, softcap)
 
     head = min(t, md.kv_lens.shape[0])  # at most R one-token rows
     m, denom, acc = pages.per_token(q[:head], md, history, lead)  # [head, K, G(, H)]
@@ -91,17 +92,20 @@ def mixed_attention(
         return tuple(jax.lax.dynamic_slice_in_dim(x, start, q_blk.shape[2], 2) for x in carry)
 
     run = lambda b: causal_blocks(
-        q, k_new, v_new, md, block_init, sliding_window=sliding_window, block=min(b, t)
-    )
+        q, k_new, v_new, md, block_init, sliding_window=sliding_window, block=min(b, t),
+        softcap=softcap,
+    )  # fmt: skip
     return run(block) if block else by_longest_row(md, t, run)
 
 
 class _Pages:
     """The history passes over one layer's pages."""
 
-    def __init__(self, k_pages, v_pages, page_table, chunk_pages, page_size, sliding_window):
+    def __init__(
+        self, k_pages, v_pages, page_table, chunk_pages, page_size, sliding_window, softcap
+    ):
         self.k_pages, self.v_pages, self.page_table = k_pages, v_pages, page_table
-        self.chunk_pages, self.window = chunk_pages, sliding_window
+        self.chunk_pages, self.window, self.softcap = chunk_pages, sliding_window, softcap
         self.chunk = chunk_pages * page_size
 
     def _valid(self, kv_pos, hist, q_pos):
@@ -151,6 +155,7 @@ class _Pages:
                 jnp.max(hist),
                 chunk_pages=self.chunk_pages,
                 sliding_window=self.window,
+                softcap=self.softcap,
             )
             return tuple(
                 jax.lax.dynamic_update_slice_in_dim(o, c, at, 0)
@@ -204,6 +209,7 @@ class _Pages:
             k_c = jnp.moveaxis(read_pages(self.k_pages, ids).reshape(self.chunk, k, h), 1, 0)
             v_c = jnp.moveaxis(read_pages(self.v_pages, ids).reshape(self.chunk, k, h), 1, 0)
             scores = jnp.einsum("kgqh,kch->kgqc", q_w, k_c.astype(jnp.float32))
+            scores = soft_cap(scores, self.softcap)
             kv_pos = i * self.chunk + jnp.arange(self.chunk, dtype=jnp.int32)[None, :]
             valid = self._valid(kv_pos, hist, pos_w) & mine[:, None]  # [W, C]
             scores = jnp.where(valid[None, None], scores, MASKED)

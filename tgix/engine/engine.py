@@ -281,7 +281,8 @@ class Engine:
         plan, rows = inflight.plan, inflight.rows
         self._step_started = inflight.started
         try:
-            result = step_result(rows, Runner.fetch(inflight.handle), verify=plan.verify)
+            out = Runner.fetch(inflight.handle)
+            result = step_result(rows, out, verify=plan.verify)
         except Exception as exc:
             logger.exception("step failed")
             self._fail_step(plan, exc, committed_early=inflight.committed_early)
@@ -289,7 +290,7 @@ class Engine:
         finally:
             self._step_started = None
         done = time.monotonic()
-        self._stats.read_back(done)
+        self._stats.read_back(done, expert_load=out.expert_load)
         if self._on_step is not None:
             self._on_step(plan.kind, done - inflight.started, len(rows), plan.num_tokens, ok=True)
         self._live.commit_step(inflight, result, done)

@@ -4,7 +4,10 @@ The engine thread records each dispatch and read-back (host gaps: how long the d
 idle between a step's results and the next dispatch, 0 for a run-ahead step sent before the
 previous one was read) and refreshes the snapshot after each step and while idle: queue and
 batch sizes, KV pages and the prefix cache's counters (scheduler and KV manager), the median
-host gap, overlapped steps, fast-forwarded grammar tokens. Readers on other threads get the
+host gap, overlapped steps, fast-forwarded grammar tokens, and for an MoE model the expert
+load: `expert_<e>_last_step` (assignments routed to expert e in the last step, summed over
+layers), `expert_<e>_total` (since start) and `expert_imbalance` (the last step's busiest
+expert over the mean). Readers on other threads get the
 latest snapshot, a new dict at each refresh.
 """
 
@@ -23,13 +26,30 @@ class EngineStats:
         self.overlapped = 0  # steps dispatched before the previous one was read back
         self._host_gaps: collections.deque[float] = collections.deque(maxlen=256)
         self._last_step_done: float | None = None
+        self._expert_last: list[int] = []
+        self._expert_total: list[int] = []
 
     def went_idle(self) -> None:
         """Nothing to run: idle time is not a host gap."""
         self._last_step_done = None
 
-    def read_back(self, at: float) -> None:
+    def read_back(self, at: float, expert_load=None) -> None:
+        """A step's results arrived at `at`; `expert_load`: its [E] assignments (MoE)."""
         self._last_step_done = at
+        if expert_load is not None:
+            self._expert_last = [int(n) for n in expert_load]
+            total = self._expert_total or [0] * len(self._expert_last)
+            self._expert_total = [a + b for a, b in zip(total, self._expert_last, strict=True)]
+
+    def _expert_stats(self) -> dict[str, float]:
+        last, stats = self._expert_last, {}
+        for e, (n, total) in enumerate(zip(last, self._expert_total, strict=True)):
+            stats[f"expert_{e}_last_step"] = n
+            stats[f"expert_{e}_total"] = total
+        if last:
+            mean = sum(last) / len(last)
+            stats["expert_imbalance"] = max(last) / mean if mean else 0.0
+        return stats
 
     def dispatched(self, at: float, *, chained: bool) -> None:
         """A step went to the device at `at`; `chained`: fed by the previous step's device
@@ -62,4 +82,5 @@ class EngineStats:
             "host_gap_ms_median": 1e3 * gaps[len(gaps) // 2] if gaps else 0.0,
             "overlapped_steps": self.overlapped,
             "fast_forwarded_tokens": fast_forwarded,
+            **self._expert_stats(),
         }

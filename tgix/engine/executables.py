@@ -95,17 +95,20 @@ class StepExecutables:
         top-n ids and logprobs [T, N]) come out replicated: on a mesh the LM head leaves V
         split over "model", and the sampler, the mask and every process's read-back take
         whole rows. With Medusa heads, steps of at most `draft_head_rows` rows also give
-        the heads' drafts [R, M] at each sampled position (tgix/models/medusa.py)."""
+        the heads' drafts [R, M] at each sampled position (tgix/models/medusa.py). An MoE
+        model also gives its expert load [E] (tgix/models/moe.py), else None."""
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._params_def, params))
         whole = lambda a: jax.lax.with_sharding_constraint(a, self._replicated)
         if not shape.all_logits:
-            x, kv = model.hidden_states(
+            x, kv, load = model.hidden_states(
                 token_ids, kv, md, logits_indices, fresh_rows=shape.fresh,
-                tokenwise_rope=shape.verify,
+                tokenwise_rope=shape.verify, with_load=True,
             )  # fmt: skip
             logits, prompt = model.logits(x), None
         else:
-            x, kv = model.hidden_states(token_ids, kv, md, None, fresh_rows=shape.fresh)  # [T, D]
+            x, kv, load = model.hidden_states(
+                token_ids, kv, md, None, fresh_rows=shape.fresh, with_load=True
+            )  # [T, D]
             all_logits = model.logits(x)  # [T, V]
             next_ids = jnp.roll(token_ids, -1)  # prompt_lp[t] scores token t + 1
             prompt = whole(
@@ -115,7 +118,8 @@ class StepExecutables:
         drafts = None
         if model.medusa is not None and shape.num_rows <= self.config.draft_head_rows:
             drafts = whole(model.medusa(x, model.head_weight(), self._vocab_limit))
-        return whole(logits), prompt, drafts, kv
+        load = None if load is None else whole(load)  # MoE: assignments per expert [E]
+        return whole(logits), prompt, drafts, load, kv
 
     def _describe(self, *what) -> str:
         """Everything that shapes a compiled program besides tgix's source and jax itself."""

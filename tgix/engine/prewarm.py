@@ -113,7 +113,7 @@ def _model(runner, shape: StepShape) -> None:
         )
         metadata = {k: packed[k] for k in METADATA_FIELDS}
         indices = shape.logits_indices(packed["logits_indices"])
-        logits, _, _ = runner.call_model(shape, packed["token_ids"], metadata, indices)
+        logits, *_ = runner.call_model(shape, packed["token_ids"], metadata, indices)
         logits.block_until_ready()
 
 

@@ -64,6 +64,7 @@ class StepOutput(NamedTuple):
     prompt_top_ids: jax.Array | None = None  # [T, N] int32
     prompt_top_logprobs: jax.Array | None = None  # [T, N] f32
     draft_ids: jax.Array | None = None  # [R, M] int32: Medusa heads' guesses per sample
+    expert_load: jax.Array | None = None  # [E] int32: MoE assignments per expert, all layers
 
 
 class Runner:
@@ -169,7 +170,7 @@ class Runner:
                 raise ValueError(f"device ids {device_token_ids.shape} for {token_ids.shape}")
             token_ids = device_token_ids
         self.dispatched_at = time.monotonic()
-        logits, prompt, drafts = self.call_model(shape, token_ids, md, logits_indices)
+        logits, prompt, drafts, load = self.call_model(shape, token_ids, md, logits_indices)
         if masks is not None:
             logits = self.executables.mask_for(shape.num_samples)(logits, masks)
             self.ran.add(("mask", shape.num_samples))
@@ -177,17 +178,18 @@ class Runner:
             logits, SamplingArrays(**sampling), positions, history
         )
         self.ran.add(("sampler", (shape.num_samples, host.history_len)))
-        return StepOutput(*sampled, *(prompt or (None,) * 3), draft_ids=drafts)
+        return StepOutput(*sampled, *(prompt or (None,) * 3), draft_ids=drafts, expert_load=load)
 
     def call_model(self, shape: StepShape, token_ids, metadata: dict, logits_indices):
         """The model step alone (KV pages donated and replaced): logits [R, V], the prompt
-        scores (logprobs [T], top ids [T, N], top logprobs [T, N]) or None, and the Medusa
-        heads' drafts [R, M] or None; device arrays."""
+        scores (logprobs [T], top ids [T, N], top logprobs [T, N]) or None, the Medusa
+        heads' drafts [R, M] or None, and an MoE model's expert load [E] or None; device
+        arrays."""
         self.ran.add(("model", shape))
-        logits, prompt, drafts, self.kv = self.executables.model_for(shape)(
+        logits, prompt, drafts, load, self.kv = self.executables.model_for(shape)(
             self._params, token_ids, self.kv, AttentionMetadata(**metadata), logits_indices
         )
-        return logits, prompt, drafts
+        return logits, prompt, drafts, load
 
     @staticmethod
     def fetch(out: StepOutput) -> StepOutput:

@@ -14,11 +14,12 @@ from jax.sharding import Mesh
 from tgix.attention.contract import LayerKV
 from tgix.models.checkpoint import CheckpointError, SafetensorsSource
 from tgix.models.config import ModelConfig, UnsupportedModelError
+from tgix.models.decoder import CausalLM
 from tgix.models.gguf import GGUFSource
 from tgix.models.hub import ModelFiles, resolve_model
 from tgix.models.kv_scales import WithoutKVScales, apply_kv_scales
-from tgix.models.llama import LlamaForCausalLM
 from tgix.models.medusa import MedusaConfig, load_medusa
+from tgix.models.moe import set_moe_impl
 from tgix.models.prequant import (
     PREQUANTIZED,
     PrequantizedSource,
@@ -36,6 +37,7 @@ from tgix.models.quant_group import (
 )
 from tgix.models.weights import grouped_layouts, load_weights
 from tgix.sharding import check_fits, kv_repeats, mesh_for_model
+from tgix.sharding.rules import expert_axis
 
 __all__ = [
     "CheckpointError",
@@ -50,14 +52,6 @@ __all__ = [
     "place",
 ]
 
-# Every supported model_type is a named switch of the Llama decoder.
-ARCHITECTURES = {
-    "llama": LlamaForCausalLM,
-    "mistral": LlamaForCausalLM,
-    "qwen2": LlamaForCausalLM,
-    "qwen3": LlamaForCausalLM,
-}
-
 
 def default_dtype():
     """float32 on CPU (XLA:CPU bf16 matmuls are ~30x slower), bfloat16 on GPU/TPU."""
@@ -68,15 +62,14 @@ def build_model(
     cfg: ModelConfig, *, dtype=None, seed: int = 0, abstract: bool = False, attention="paged"
 ):
     """A decoder with random weights, or (abstract=True) its shapes only, allocating nothing."""
-    cls = ARCHITECTURES[cfg.model_type]
-    dtype = dtype or default_dtype()
-    make = lambda: cls(cfg, rngs=nnx.Rngs(seed), dtype=dtype, attention=attention)
+    dtype = dtype or default_dtype()  # every family is the shared decoder with its switches
+    make = lambda: CausalLM(cfg, rngs=nnx.Rngs(seed), dtype=dtype, attention=attention)
     return nnx.eval_shape(make) if abstract else make()
 
 
 @dataclasses.dataclass
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: CausalLM
     config: ModelConfig
     files: ModelFiles
     mesh: Mesh
@@ -177,6 +170,8 @@ def load_model(
         abstract = quantize_abstract(abstract, load_time, int8_activations=int8_activations)
     if form == "kept":
         abstract = group_abstract(abstract, grouped_layouts(checkpoint_cfg, source))
+    if expert_axis(cfg, mesh.shape["model"]):  # each device computes its own experts
+        set_moe_impl(abstract, "dense")
     model = load_weights(
         abstract, checkpoint_cfg, source, mesh, dtype, kv_repeats=repeats, quantize=load_time
     )

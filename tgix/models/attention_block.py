@@ -1,7 +1,8 @@
 """The attention block shared by the decoders: projections, q/k norm, rope, then the backend.
 
 Attribute names follow transformers' module names (q_proj, k_proj, v_proj, o_proj, q_norm,
-k_norm) so the weight map in tgix/models/weights.py is rename-free.
+k_norm) so the weight tables (tgix/models/families/) are rename-free. Family switches read
+here: biases, q/k norms, the sliding window, Gemma's query scale and score soft-capping.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from flax import nnx
 from tgix.attention.backend import AttentionBackend
 from tgix.attention.contract import AttentionMetadata, LayerKV, is_fp8
 from tgix.models.config import ModelConfig
-from tgix.models.layers import Dense, RMSNorm, apply_rope
+from tgix.models.layers import Dense, apply_rope, norm
 
 
 class PagedAttention(nnx.Module):
@@ -34,9 +35,12 @@ class PagedAttention(nnx.Module):
         self.o_proj = Dense(
             "tf,fd->td", (n * h, d), ("heads", "embed"), bias=cfg.o_bias, rngs=rngs, dtype=dtype
         )
-        self.q_norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dtype) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(h, cfg.rms_norm_eps, dtype=dtype) if cfg.qk_norm else None
+        self.q_norm = norm(cfg, h, dtype=dtype) if cfg.qk_norm else None
+        self.k_norm = norm(cfg, h, dtype=dtype) if cfg.qk_norm else None
         self.sliding_window = cfg.sliding_windows[layer] if cfg.sliding_windows else None
+        # backends score q.k * H^-0.5: a family's own scale (Gemma) is folded into q
+        self.q_scale = 1.0 if cfg.attn_scale is None else cfg.attn_scale * h**0.5
+        self.softcap = cfg.attn_softcap
         # fp8 KV: the checkpoint's per-layer (k_scale, v_scale) (tgix/models/kv_scales.py);
         # pages hold k / k_scale and v / v_scale. Static; ignored with other KV dtypes.
         self.kv_scales: tuple[float, float] = (1.0, 1.0)
@@ -51,14 +55,17 @@ class PagedAttention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
         k_scale, v_scale = self.kv_scales if is_fp8(kv.k.dtype) else (1.0, 1.0)
         if (k_scale, v_scale) != (1.0, 1.0):
             # pages of k / ks and v / vs, attended by q * ks: scores q.k and the output
             # softmax . v / vs, rescaled below, are the unscaled ones; no backend sees scales
             q, k, v = q * k_scale, k / k_scale, v / v_scale
         out, kv = self.backend(
-            q, k, v, kv, md, fresh=fresh_rows, sliding_window=self.sliding_window
-        )
+            q, k, v, kv, md, fresh=fresh_rows, sliding_window=self.sliding_window,
+            softcap=self.softcap,
+        )  # fmt: skip
         if v_scale != 1.0:
             out = out * v_scale
         return self.o_proj(out.reshape(t, n * h)), kv

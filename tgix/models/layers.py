@@ -5,6 +5,7 @@ Shape letters used in every einsum and shape comment of tgix:
   S KV positions of a row          P pages per row           V vocabulary
   D model width                    F MLP width               L layers
   N query heads                    K KV heads                G = N // K      H head dim
+  E experts                        A routed (token, expert) assignments, T * top-k
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from tgix.models.config import ModelConfig, RopeConfig, yarn_attention_factor
+from tgix.models.config import ModelConfig
 from tgix.models.quant import qmatmul
 from tgix.models.quant_group import GroupLayout, grouped_matmul
+from tgix.models.rope_config import RopeConfig, cos_sin_scale
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, std: float):
@@ -63,23 +65,37 @@ class Dense(nnx.Module):
 
 
 class RMSNorm(nnx.Module):
-    """x / rms(x) * weight, computed in float32 (as transformers does), cast back to x's dtype."""
+    """x / rms(x) * weight, normalised in float32 (as transformers does). Llama casts back to
+    x's dtype, then scales; Gemma (`plus_one`) scales by (1 + weight) in float32, then casts."""
 
-    def __init__(self, size: int, eps: float, *, dtype):
-        self.eps = eps
-        self.weight = nnx.Param(jnp.ones((size,), dtype), axes=("norm",))
+    def __init__(self, size: int, eps: float, *, dtype, plus_one: bool = False):
+        self.eps, self.plus_one = eps, plus_one
+        init = jnp.zeros((size,), dtype) if plus_one else jnp.ones((size,), dtype)
+        self.weight = nnx.Param(init, axes=("norm",))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if self.plus_one:
+            return (x32 * (1.0 + self.weight[...].astype(jnp.float32))).astype(x.dtype)
         return self.weight[...] * x32.astype(x.dtype)
 
 
-class GatedMLP(nnx.Module):
-    """down(silu(gate(x)) * up(x)): [T, D] -> [T, F] -> [T, D]."""
+def norm(cfg: ModelConfig, size: int, *, dtype) -> RMSNorm:
+    """The family's RMSNorm over `size` features."""
+    return RMSNorm(size, cfg.rms_norm_eps, dtype=dtype, plus_one=cfg.norm_plus_one)
 
-    def __init__(self, cfg: ModelConfig, *, rngs, dtype):
-        d, f, bias = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
+
+
+class GatedMLP(nnx.Module):
+    """down(act(gate(x)) * up(x)): [T, D] -> [T, F] -> [T, D]; act is silu, or tanh GELU
+    (GeGLU, Gemma). `width`: F (default intermediate_size)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs, dtype, width: int | None = None):
+        d, f, bias = cfg.hidden_size, width or cfg.intermediate_size, cfg.mlp_bias
+        self.hidden_act = cfg.hidden_act
         self.gate_proj = Dense(
             "td,df->tf", (d, f), ("embed", "mlp"), bias=bias, rngs=rngs, dtype=dtype
         )
@@ -91,7 +107,8 @@ class GatedMLP(nnx.Module):
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        act = ACTIVATIONS[self.hidden_act]
+        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
 
 
 def inv_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
@@ -139,30 +156,43 @@ def _yarn_inv_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
 
 
 def rope_cos_sin(
-    cfg: ModelConfig, positions: jax.Array, context_lens: jax.Array
+    cfg: ModelConfig, positions: jax.Array, context_lens: jax.Array, rope: RopeConfig | None = None
 ) -> tuple[jax.Array, jax.Array]:
-    """cos, sin of shape [T, H] (float32) for each token's position.
+    """cos, sin of shape [T, H'] (float32) for each token's position; H' is the rotary dim
+    (H, or its first part with partial rotary). `rope`: default cfg.rope.
 
     `context_lens` [T] is the KV length of each token's request after this step: "dynamic" NTK
-    rope grows its base with it, exactly as transformers does per forward for one sequence.
+    rope grows its base with it and LongRoPE switches from its short to its long factors
+    past original_max_position, exactly as transformers does per forward for one sequence.
     """
-    rope, head_dim = cfg.rope, cfg.head_dim
+    rope = rope or cfg.rope
+    dim = cfg.rotary_dim or cfg.head_dim
+    exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)  # [H'/2]
     if rope.rope_type == "dynamic":
         seq_len = jnp.maximum(context_lens, cfg.max_position).astype(jnp.float32)  # [T]
         scale = rope.factor * seq_len / cfg.max_position - (rope.factor - 1)
-        base = rope.theta * scale ** (head_dim / (head_dim - 2))  # [T]
-        exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
-        inv_freq = 1.0 / base[:, None] ** exponents[None, :]  # [T, H/2]
+        base = rope.theta * scale ** (dim / (dim - 2))  # [T]
+        inv_freq = 1.0 / base[:, None] ** jnp.asarray(exponents)[None, :]  # [T, H'/2]
+    elif rope.rope_type == "longrope":
+        base_powers = (rope.theta**exponents).astype(np.float32)
+        short = 1.0 / (np.asarray(rope.short_factor, np.float32) * base_powers)
+        long = 1.0 / (np.asarray(rope.long_factor, np.float32) * base_powers)
+        is_long = (context_lens > rope.original_max_position)[:, None]  # [T, 1]
+        inv_freq = jnp.where(is_long, jnp.asarray(long)[None], jnp.asarray(short)[None])
     else:
-        inv_freq = jnp.asarray(inv_frequencies(rope, head_dim))[None, :]  # [1, H/2]
-    angles = positions.astype(jnp.float32)[:, None] * inv_freq  # [T, H/2]
-    angles = jnp.concatenate([angles, angles], axis=-1)  # [T, H]
-    scale = yarn_attention_factor(rope) if rope.rope_type == "yarn" else 1.0
+        inv_freq = jnp.asarray(inv_frequencies(rope, dim))[None, :]  # [1, H'/2]
+    angles = positions.astype(jnp.float32)[:, None] * inv_freq  # [T, H'/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)  # [T, H']
+    scale = cos_sin_scale(rope)
     return jnp.cos(angles) * scale, jnp.sin(angles) * scale
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate-half rope on [T, heads, H] with cos/sin [T, H]; computed in float32."""
+    """Rotate-half rope on [T, heads, H] with cos/sin [T, H'] (H' <= H: partial rotary
+    rotates the first H' dims and passes the rest); computed in float32."""
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        return jnp.concatenate([apply_rope(x[..., :rotary], cos, sin), x[..., rotary:]], -1)
     x32 = x.astype(jnp.float32)
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)

@@ -9,7 +9,6 @@ have been set exactly once and every checkpoint tensor used or explicitly ignore
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -18,6 +17,7 @@ from jax.sharding import Mesh
 
 from tgix.models.checkpoint import CheckpointError, TensorSource
 from tgix.models.config import ModelConfig
+from tgix.models.families import family_of
 from tgix.models.quant import quantize_rows
 from tgix.models.quant_group import (
     CODEBOOK_METHODS,
@@ -25,95 +25,27 @@ from tgix.models.quant_group import (
     GroupLayout,
     quantize_codebook,
 )
+from tgix.models.weight_table import Path, Row, Transform, match
 from tgix.sharding.rules import sharding_for
-
-Transform = Callable[[np.ndarray], np.ndarray]
-Path = tuple[str | int, ...]
 
 # Tensors transformers may save that carry no parameters of ours.
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq|.*\.masked_bias|.*\.attn\.bias")
 
 
-def _weight_table(
-    cfg: ModelConfig, kv_repeats: int = 1
-) -> list[tuple[re.Pattern, Callable[[re.Match], Path], Transform]]:
-    """(name pattern, parameter path, transform) rows; HF linear weights are [out, in].
-    `kv_repeats` > 1 repeats each KV head in place (head j of the result is head
-    j // kv_repeats of the checkpoint), so query head n still reads its own KV head."""
-    d, k, h = cfg.hidden_size, cfg.num_kv_heads, cfg.head_dim
-    ident: Transform = lambda w: w
-    kv_heads: Transform = lambda w: np.repeat(w, kv_repeats, axis=-2) if kv_repeats > 1 else w
-    transpose: Transform = lambda w: w.T
-    layer = r"model\.layers\.(\d+)\."
-
-    def at(*tail: str) -> Callable[[re.Match], Path]:
-        return lambda m: ("layers", int(m.group(1)), *tail)
-
-    rows = [
-        (r"model\.embed_tokens\.weight", lambda m: ("embed_tokens", "embedding"), ident),
-        (r"model\.norm\.weight", lambda m: ("norm", "weight"), ident),
-        (layer + r"input_layernorm\.weight", at("input_layernorm", "weight"), ident),
-        (
-            layer + r"post_attention_layernorm\.weight",
-            at("post_attention_layernorm", "weight"),
-            ident,
-        ),
-        (
-            layer + r"self_attn\.q_proj\.weight",
-            at("self_attn", "q_proj", "kernel"),
-            transpose,  # [D, N*H]
-        ),
-        (
-            layer + r"self_attn\.k_proj\.weight",
-            at("self_attn", "k_proj", "kernel"),
-            lambda w: kv_heads(w.T.reshape(d, k, h)).reshape(d, -1),  # [D, K*H]
-        ),
-        (
-            layer + r"self_attn\.v_proj\.weight",
-            at("self_attn", "v_proj", "kernel"),
-            lambda w: kv_heads(w.T.reshape(d, k, h)).reshape(d, -1),
-        ),
-        (layer + r"self_attn\.o_proj\.weight", at("self_attn", "o_proj", "kernel"), transpose),
-        (layer + r"self_attn\.q_proj\.bias", at("self_attn", "q_proj", "bias"), ident),
-        (
-            layer + r"self_attn\.k_proj\.bias",
-            at("self_attn", "k_proj", "bias"),
-            lambda b: kv_heads(b.reshape(k, h)).reshape(-1),
-        ),
-        (
-            layer + r"self_attn\.v_proj\.bias",
-            at("self_attn", "v_proj", "bias"),
-            lambda b: kv_heads(b.reshape(k, h)).reshape(-1),
-        ),
-        (layer + r"self_attn\.o_proj\.bias", at("self_attn", "o_proj", "bias"), ident),
-        (layer + r"self_attn\.q_norm\.weight", at("self_attn", "q_norm", "weight"), ident),
-        (layer + r"self_attn\.k_norm\.weight", at("self_attn", "k_norm", "weight"), ident),
-    ]
-    for proj in ("gate_proj", "up_proj", "down_proj"):
-        rows.append((layer + rf"mlp\.{proj}\.weight", at("mlp", proj, "kernel"), transpose))
-        rows.append((layer + rf"mlp\.{proj}\.bias", at("mlp", proj, "bias"), ident))
-    if not cfg.tie_word_embeddings:
-        rows.append((r"lm_head\.weight", lambda m: ("lm_head", "weight"), ident))
-    return [(re.compile(pattern), path, transform) for pattern, path, transform in rows]
-
-
-def _match(table, name: str) -> tuple[Path, Transform] | None:
-    for pattern, path_of, transform in table:
-        m = pattern.fullmatch(name)
-        if m:
-            return path_of(m), transform
-    return None
+def weight_table(cfg: ModelConfig, kv_repeats: int = 1) -> list[Row]:
+    """The checkpoint's family table (tgix/models/families/, weight_table.py rows)."""
+    return family_of(cfg.model_type).rows(cfg, kv_repeats)
 
 
 def grouped_layouts(cfg: ModelConfig, source) -> dict[Path, GroupLayout]:
     """Module path -> GroupLayout of every layer `source` (prequant.PrequantizedSource) keeps
     quantized, so quant_group.group_abstract can shape the model before any tensor is read."""
-    layouts, table = {}, _weight_table(cfg)
+    layouts, table = {}, weight_table(cfg)
     for name in source.names():
         layout = source.layout(name)
-        hit = _match(table, name) if layout is not None else None
-        if hit is not None and hit[0][-1] == "kernel":
-            layouts[hit[0][:-1]] = layout
+        for path, _, index in (match(table, name) or []) if layout is not None else []:
+            if path[-1] == "kernel" and index is None:
+                layouts[path[:-1]] = layout
     return layouts
 
 
@@ -135,50 +67,60 @@ def load_weights(
     CODEBOOK_METHODS, the model from codebook_abstract) quantizes it per block of inputs.
     A source may also hand a quant_group.GroupedWeight (pre-quantized, kept): it is placed
     as its arrays, the kernel transform applied to its output channels as a row map.
+    Stacked targets (experts) fill one host array each, placed once its last index is in.
 
     Raises CheckpointError naming the tensor on: an unexpected tensor, a shape mismatch, a
     tensor set twice, or a parameter the checkpoint lacks.
     """
     graphdef, state = nnx.split(model_abstract)
-    expected: dict[Path, nnx.Variable] = dict(nnx.to_flat_state(state))
-    table = _weight_table(cfg, kv_repeats)
-    loaded: dict[Path, nnx.Variable] = {}
-    row_maps: dict[tuple, np.ndarray] = {}  # (transform, N, K) -> rows: one per layer kind
+    placer = _Placer(dict(nnx.to_flat_state(state)), mesh, dtype, quantize)
+    table = weight_table(cfg, kv_repeats)
     for name in source.names():
-        hit = _match(table, name)
-        if hit is None:
+        targets = match(table, name)
+        if targets is None:
             if _IGNORED.fullmatch(name) or (cfg.tie_word_embeddings and name == "lm_head.weight"):
                 continue
             raise CheckpointError(
                 f"unexpected tensor {name!r}: no parameter of {cfg.model_type} uses it"
             )
-        path, transform = hit
         raw = source.read(name)
+        for path, transform, index in targets:
+            if index is not None:
+                placer.stack(name, raw, path, transform, index)
+            else:
+                placer.put(name, raw, path, transform)
+        del raw
+    return nnx.merge(graphdef, nnx.from_flat_state(list(placer.finish().items())))
+
+
+class _Placer:
+    """The parameters placed so far (`loaded`), against the abstract model's (`expected`)."""
+
+    def __init__(self, expected: dict[Path, nnx.Variable], mesh: Mesh, dtype, quantize):
+        self.expected, self.mesh, self.dtype, self.quantize = expected, mesh, dtype, quantize
+        self.loaded: dict[Path, nnx.Variable] = {}
+        self.row_maps: dict[tuple, np.ndarray] = {}  # (transform, N, K) -> rows, per kind
+        self.stacks: dict[Path, tuple[np.ndarray, set[int]]] = {}  # host array, indices set
+
+    def put(self, name: str, raw, path: Path, transform: Transform) -> None:
+        expected, quantize = self.expected, self.quantize
         if isinstance(raw, GroupedWeight):  # a pre-quantized layer kept quantized
             key = (transform, *raw.shape)
-            if key not in row_maps:
-                row_maps[key] = _row_map(transform, *raw.shape)
-            weight = raw.take_rows(row_maps[key])
-            _place_grouped(name, weight, path[:-1], expected, loaded, mesh)
-            continue
+            if key not in self.row_maps:
+                self.row_maps[key] = _row_map(transform, *raw.shape)
+            self._grouped(name, raw.take_rows(self.row_maps[key]), path[:-1])
+            return
         if quantize in CODEBOOK_METHODS and path[-1] == "kernel":  # 4-bit at load time
             module = path[:-1]
             if module + ("scale",) not in expected:
                 raise CheckpointError(f"tensor {name!r}: {'.'.join(map(str, module))} is not 4-bit")
             w = np.asarray(transform(raw), np.float32).T  # [N, K]
             group = w.shape[1] // expected[module + ("scale",)].shape[1]
-            weight = quantize_codebook(w, CODEBOOK_METHODS[quantize], group)
-            _place_grouped(name, weight, module, expected, loaded, mesh)
-            continue
+            self._grouped(name, quantize_codebook(w, CODEBOOK_METHODS[quantize], group), module)
+            return
         if quantize and path[-1] == "kernel" and path[:-1] + ("codes",) in expected:
             path = path[:-1] + ("codes",)
-        if path not in expected:
-            raise CheckpointError(
-                f"unexpected tensor {name!r}: this config has no {'.'.join(map(str, path))}"
-            )
-        if path in loaded:
-            raise CheckpointError(f"tensor {name!r} is set twice")
-        var = expected[path]
+        var = self._slot(name, path)
         try:
             value = transform(raw)
         except ValueError as e:
@@ -194,18 +136,73 @@ def load_weights(
         if path[-1] == "codes":
             codes, scale = quantize_rows(value, quantize)
             scale_path = path[:-1] + ("scale",)
-            loaded[path] = _place(var, codes, mesh)
-            loaded[scale_path] = _place(expected[scale_path], scale, mesh)
-            del raw, value, codes, scale
-            continue
-        loaded[path] = _place(var, np.ascontiguousarray(value, dtype=dtype), mesh)
-        del raw, value
-    missing = [".".join(map(str, p)) for p in expected if p not in loaded]
-    if missing:
-        raise CheckpointError(
-            f"checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"
-        )
-    return nnx.merge(graphdef, nnx.from_flat_state(list(loaded.items())))
+            self.loaded[path] = _place(var, codes, self.mesh)
+            self.loaded[scale_path] = _place(expected[scale_path], scale, self.mesh)
+            return
+        self.loaded[path] = _place(var, np.ascontiguousarray(value, dtype=self.dtype), self.mesh)
+
+    def stack(self, name: str, raw, path: Path, transform: Transform, index: int) -> None:
+        """`raw` (transformed) at `index` of the stacked parameter at `path`."""
+        if isinstance(raw, GroupedWeight):
+            raise CheckpointError(f"tensor {name!r}: quantized experts are not supported")
+        var = self._slot(name, path) if path not in self.stacks else self.expected[path]
+        if path not in self.stacks:
+            self.stacks[path] = (np.empty(var.shape, self.dtype), set())
+        host, filled = self.stacks[path]
+        value = transform(raw)
+        if not 0 <= index < host.shape[0] or index in filled:
+            raise CheckpointError(
+                f"tensor {name!r}: index {index} of {host.shape[0]} is out of range or set twice"
+            )
+        if value.shape != host.shape[1:]:
+            raise CheckpointError(
+                f"tensor {name!r} has shape {raw.shape}; expected one mapping to {host.shape[1:]}"
+            )
+        host[index] = value
+        filled.add(index)
+        if len(filled) == host.shape[0]:
+            self.loaded[path] = _place(var, host, self.mesh)
+            self.stacks[path] = (host[:0], filled)  # the host copy is freed
+
+    def finish(self) -> dict[Path, nnx.Variable]:
+        missing = [".".join(map(str, p)) for p in self.expected if p not in self.loaded]
+        for path, (_, filled) in self.stacks.items():
+            if path not in self.loaded:
+                want = self.expected[path].shape[0]
+                gaps = sorted(set(range(want)) - filled)
+                missing.append(f"{'.'.join(map(str, path))}[{', '.join(map(str, gaps[:8]))}]")
+                missing.remove(".".join(map(str, path)))
+        if missing:
+            raise CheckpointError(
+                f"checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"
+            )
+        return self.loaded
+
+    def _slot(self, name: str, path: Path) -> nnx.Variable:
+        if path not in self.expected:
+            raise CheckpointError(
+                f"unexpected tensor {name!r}: this config has no {'.'.join(map(str, path))}"
+            )
+        if path in self.loaded:
+            raise CheckpointError(f"tensor {name!r} is set twice")
+        return self.expected[path]
+
+    def _grouped(self, name, weight: GroupedWeight, module: Path) -> None:
+        """Place a GroupedWeight's arrays (quant_group.GroupedWeight.device_arrays) as the
+        grouped Dense at `module`."""
+        for part, host in weight.device_arrays().items():
+            path = module + (part,)
+            if path not in self.expected:
+                raise CheckpointError(
+                    f"tensor {name!r} is quantized, but {'.'.join(map(str, module))} is not a "
+                    f"grouped layer with {part}"
+                )
+            var = self._slot(name, path)
+            if host.shape != tuple(var.shape):
+                raise CheckpointError(
+                    f"tensor {name!r}: its {part} is {host.shape}, not {var.shape}"
+                )
+            self.loaded[path] = _place(var, host, self.mesh)
 
 
 def _row_map(transform: Transform, n: int, k: int) -> np.ndarray:
@@ -218,24 +215,6 @@ def _row_map(transform: Transform, n: int, k: int) -> np.ndarray:
     if not (mapped == rows[:, None]).all():
         raise CheckpointError("a quantized layer's transform mixes its input channels")
     return rows
-
-
-def _place_grouped(name, weight: GroupedWeight, module: Path, expected, loaded, mesh):
-    """Place a GroupedWeight's arrays (quant_group.GroupedWeight.device_arrays) as the grouped
-    Dense at `module`."""
-    for part, host in weight.device_arrays().items():
-        path = module + (part,)
-        if path not in expected:
-            raise CheckpointError(
-                f"tensor {name!r} is quantized, but {'.'.join(map(str, module))} is not a "
-                f"grouped layer with {part}"
-            )
-        if path in loaded:
-            raise CheckpointError(f"tensor {name!r} is set twice")
-        var = expected[path]
-        if host.shape != tuple(var.shape):
-            raise CheckpointError(f"tensor {name!r}: its {part} is {host.shape}, not {var.shape}")
-        loaded[path] = _place(var, host, mesh)
 
 
 def _place(var: nnx.Variable, host: np.ndarray, mesh: Mesh) -> nnx.Variable:

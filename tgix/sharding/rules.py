@@ -30,6 +30,9 @@ LOGICAL_TO_MESH: dict[str, str | None] = {
     "norm": None,
     "draft_heads": None,  # Medusa heads and their blocks (tgix/models/medusa.py)
     "act_order": None,  # a grouped layer's input permutation (tgix/models/quant_group.py)
+    "router": None,  # MoE router [E, D] (tgix/models/moe.py): every device routes every token
+    "experts": "model",  # stacked experts: an expert axis when E divides the model axis...
+    "expert_mlp": "model",  # ...else each expert tensor-parallel (a mesh axis is used once)
 }
 
 
@@ -46,8 +49,14 @@ def spec_for(axes: tuple[str, ...], shape: tuple[int, ...] | None = None, shards
         mesh_axis = LOGICAL_TO_MESH[axis]
         if mesh_axis is not None and shape is not None and shape[i] % shards:
             mesh_axis = None
-        parts.append(mesh_axis)
+        parts.append(None if mesh_axis in parts else mesh_axis)  # first logical axis wins
     return PartitionSpec(*parts)
+
+
+def expert_axis(cfg: ModelConfig, shards: int) -> bool:
+    """Whether stacked experts split over the model axis by expert (E divides it), not inside
+    each expert (tgix/models/moe.py computes them densely then: each device its own)."""
+    return cfg.is_moe and shards > 1 and cfg.num_experts % shards == 0
 
 
 def sharding_for(mesh: Mesh, axes: tuple[str, ...], shape=None) -> NamedSharding:
@@ -70,9 +79,14 @@ def kv_repeats(num_kv_heads: int, shards: int) -> int:
 
 
 def fits(cfg: ModelConfig, shards: int) -> bool:
+    dense_mlp = not cfg.is_moe or not all(cfg.moe_layers)
+    experts = not cfg.is_moe or expert_axis(cfg, shards) or cfg.expert_size % shards == 0
+    shared = cfg.shared_expert_size % shards == 0
     return (
         cfg.num_heads % shards == 0
-        and cfg.intermediate_size % shards == 0
+        and (not dense_mlp or cfg.intermediate_size % shards == 0)
+        and experts
+        and shared
         and kv_repeats(cfg.num_kv_heads, shards) > 0
     )
 
@@ -97,6 +111,8 @@ def check_width(cfg: ModelConfig, shards: int) -> None:
         f"{cfg.num_heads} query heads, {cfg.num_kv_heads} KV heads and MLP width "
         f"{cfg.intermediate_size}"
     )
+    if cfg.is_moe:
+        counts += f" ({cfg.num_experts} experts of width {cfg.expert_size})"
     raise ShardingError(
         f"cannot shard {counts} over {shards} devices; valid shard counts: "
         f"{', '.join(map(str, valid_shard_counts(cfg)))}"

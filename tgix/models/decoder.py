@@ -1,10 +1,13 @@
-"""Llama-family decoder (Llama 2/3/3.1/3.2, SmolLM, Mistral, Qwen2, Qwen3) as Flax NNX modules.
+"""The decoder every family shares (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, Mixtral,
+Qwen2/3-MoE) as Flax NNX modules.
 
 One forward serves prefill and decode: (token ids [T], KV pages, metadata) -> (logits, KV pages).
-Families differ only by named switches in ModelConfig: qkv_bias, o_bias, mlp_bias, qk_norm,
-sliding_windows, tie_word_embeddings, and the rope type. Attribute names follow transformers'
-module names so the weight map in tgix/models/weights.py is rename-free. The stack only: each
-layer's attention block (attention_block.py) calls the model's backend (tgix.attention).
+Families differ only by named switches in ModelConfig (read by tgix/models/families/): biases,
+q/k norms, sliding windows, tied embeddings, the rope (and Gemma 3's second rope for sliding
+layers), Gemma's scaled embeddings, four norms a block and soft-capped logits, and MoE layers
+(tgix/models/moe.py) in place of the dense MLP. Attribute names follow transformers' module
+names so the weight tables are rename-free. The stack only: each layer's attention block
+(attention_block.py) calls the model's backend (tgix.attention).
 """
 
 from __future__ import annotations
@@ -17,35 +20,60 @@ from tgix.attention.backend import AttentionBackend, backend
 from tgix.attention.contract import AttentionMetadata, LayerKV
 from tgix.models.attention_block import PagedAttention
 from tgix.models.config import ModelConfig
-from tgix.models.layers import GatedMLP, RMSNorm, rope_cos_sin
+from tgix.models.layers import GatedMLP, norm, rope_cos_sin
+from tgix.models.moe import SparseMoE
 
 
 class DecoderLayer(nnx.Module):
-    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)). With sandwich norms (Gemma)
+    each sublayer's output is normed too before it joins the residual; transformers names
+    Llama's pre-MLP norm post_attention_layernorm, Gemma's pre_feedforward_layernorm."""
 
     def __init__(
         self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs, dtype, attention: AttentionBackend
     ):
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        d = cfg.hidden_size
+        self.sandwich = cfg.sandwich_norms
+        self.local = cfg.local_rope is not None and cfg.sliding_windows[layer] is not None
+        self.input_layernorm = norm(cfg, d, dtype=dtype)
         self.self_attn = PagedAttention(cfg, layer, rngs=rngs, dtype=dtype, backend=attention)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        self.mlp = GatedMLP(cfg, rngs=rngs, dtype=dtype)
+        self.post_attention_layernorm = norm(cfg, d, dtype=dtype)
+        self.pre_feedforward_layernorm = norm(cfg, d, dtype=dtype) if self.sandwich else None
+        self.post_feedforward_layernorm = norm(cfg, d, dtype=dtype) if self.sandwich else None
+        sparse = bool(cfg.moe_layers) and cfg.moe_layers[layer]
+        self.mlp = (SparseMoE if sparse else GatedMLP)(cfg, rngs=rngs, dtype=dtype)
 
-    def __call__(self, x, cos, sin, kv: LayerKV, md: AttentionMetadata, fresh_rows: bool):
+    def __call__(self, x, ropes, kv: LayerKV, md: AttentionMetadata, fresh_rows: bool):
+        """x [T, D]; ropes: ((cos, sin) of the global rope, of the local one or None).
+        Returns (x [T, D], kv, the MoE block's expert load [E] or None)."""
+        cos, sin = ropes[1] if self.local else ropes[0]
         attn_out, kv = self.self_attn(self.input_layernorm(x), cos, sin, kv, md, fresh_rows)
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(attn_out)
+            h, load = self._feed(self.pre_feedforward_layernorm(x), md)
+            return x + self.post_feedforward_layernorm(h), kv, load
         x = x + attn_out
-        return x + self.mlp(self.post_attention_layernorm(x)), kv
+        h, load = self._feed(self.post_attention_layernorm(x), md)
+        return x + h, kv, load
+
+    def _feed(self, h, md: AttentionMetadata):
+        if isinstance(self.mlp, SparseMoE):
+            return self.mlp(h, md.cu_q_lens[-1])
+        return self.mlp(h), None
 
 
 class Embed(nnx.Module):
-    """Token embedding [V, D]; also the LM head when embeddings are tied."""
+    """Token embedding [V, D]; also the LM head when embeddings are tied. `scale` (Gemma:
+    sqrt(D), in the parameter dtype as transformers rounds it) multiplies the lookups only."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, *, rngs: nnx.Rngs, dtype):
+    def __init__(self, vocab_size: int, hidden_size: int, *, rngs: nnx.Rngs, dtype, scale=None):
         init = jax.random.normal(rngs.params(), (vocab_size, hidden_size), jnp.float32)
         self.embedding = nnx.Param(init.astype(dtype), axes=("vocab", "embed"))
+        self.scale = scale
 
     def __call__(self, token_ids: jax.Array) -> jax.Array:
-        return jnp.take(self.embedding[...], token_ids, axis=0)  # [T, D]
+        x = jnp.take(self.embedding[...], token_ids, axis=0)  # [T, D]
+        return x if self.scale is None else x * jnp.asarray(self.scale, x.dtype)
 
 
 class LMHead(nnx.Module):
@@ -56,7 +84,7 @@ class LMHead(nnx.Module):
         self.weight = nnx.Param(init.astype(dtype), axes=("vocab", "embed"))
 
 
-class LlamaForCausalLM(nnx.Module):
+class CausalLM(nnx.Module):
     """The decoder. `dtype` is the parameter and activation dtype; logits are float32.
     `attention`: a backend, or the name of a registered one (tgix.attention.backend);
     `self.attention` is the backend every layer calls (its kv_shape and pack are the runner's)."""
@@ -71,14 +99,16 @@ class LlamaForCausalLM(nnx.Module):
     ):
         self.cfg = cfg
         self.attention = backend(attention) if isinstance(attention, str) else attention
-        self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs, dtype=dtype)
+        self.embed_tokens = Embed(
+            cfg.vocab_size, cfg.hidden_size, rngs=rngs, dtype=dtype, scale=cfg.embed_scale
+        )
         self.layers = nnx.List(
             [
                 DecoderLayer(cfg, i, rngs=rngs, dtype=dtype, attention=self.attention)
                 for i in range(cfg.num_layers)
             ]
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        self.norm = norm(cfg, cfg.hidden_size, dtype=dtype)
         self.lm_head = (
             None
             if cfg.tie_word_embeddings
@@ -120,18 +150,28 @@ class LlamaForCausalLM(nnx.Module):
         *,
         fresh_rows: bool = False,
         tokenwise_rope: bool = False,
+        with_load: bool = False,
     ) -> tuple[jax.Array, tuple[LayerKV, ...]]:
         """The final normed hidden states [T, D] (or [R, D] at `logits_indices`), new KV
-        pages: what the LM head and any Medusa heads (tgix/models/medusa.py) read."""
+        pages: what the LM head and any Medusa heads (tgix/models/medusa.py) read. With
+        `with_load` (static) also the expert load: routed assignments per expert [E] int32
+        summed over the MoE layers (None for a dense model)."""
         context_lens = md.positions + 1 if tokenwise_rope else md.kv_lens[md.token_rows]  # [T]
-        cos, sin = rope_cos_sin(self.cfg, md.positions, context_lens)  # [T, H] each
+        cfg = self.cfg
+        ropes = (  # cos, sin [T, H'] each, of the rope and of the sliding layers' own
+            rope_cos_sin(cfg, md.positions, context_lens),
+            cfg.local_rope and rope_cos_sin(cfg, md.positions, context_lens, cfg.local_rope),
+        )
         x = self.embed_tokens(token_ids)  # [T, D]
-        new_pages = []
+        new_pages, loads = [], []
         for layer, kv in zip(self.layers, kv_pages, strict=True):
-            x, kv = layer(x, cos, sin, kv, md, fresh_rows)
+            x, kv, load = layer(x, ropes, kv, md, fresh_rows)
             new_pages.append(kv)
+            loads += [] if load is None else [load]
         if logits_indices is not None:
             x = x[logits_indices]  # [R, D]
+        if with_load:
+            return self.norm(x), tuple(new_pages), (sum(loads) if loads else None)
         return self.norm(x), tuple(new_pages)
 
     def head_weight(self) -> jax.Array:
@@ -140,6 +180,8 @@ class LlamaForCausalLM(nnx.Module):
         return head[...]
 
     def logits(self, x: jax.Array) -> jax.Array:
-        """x [T, D] normed hidden states -> logits [T, V] float32."""
+        """x [T, D] normed hidden states -> logits [T, V] float32 (Gemma 2: soft-capped)."""
         logits = jnp.einsum("td,vd->tv", x, self.head_weight(), preferred_element_type=jnp.float32)
-        return logits.astype(jnp.float32)
+        logits = logits.astype(jnp.float32)
+        cap = self.cfg.final_softcap
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
