@@ -47,6 +47,19 @@ def test_tokenizer_config_path_overrides_template_and_eos(tiny_checkpoints, tmp_
     assert tok.eos_token_ids == (0,)
 
 
+def test_eos_set_adds_generation_config_and_config_ids(tiny_checkpoints, tmp_path):
+    """A chat model ends turns with ids beside the tokenizer's eos (Gemma's <end_of_turn>)."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_checkpoints("llama"), folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 2, 9999]}))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": 5}))
+    tok = load_tokenizer(ModelFiles("safetensors", folder))
+    assert tok.eos_token_ids == (2, 7, 5)  # the tokenizer's, then the files'; 9999 is not an id
+
+
 def test_template_runs_sandboxed(tiny_checkpoints, tmp_path):
     override = tmp_path / "tokenizer_config.json"
     override.write_text(json.dumps({"chat_template": "{{ ''.__class__.__mro__ }}"}))

@@ -79,7 +79,12 @@ def load_tokenizer(
     extra_eos_ids: Sequence[int] = (),
 ) -> Tokenizer:
     """The tokenizer of a resolved model. `tokenizer_config_path` (TGI's flag) overrides the
-    chat template and special tokens with those of another tokenizer_config.json."""
+    chat template and special tokens with those of another tokenizer_config.json. Its EOS
+    set is the tokenizer's eos token, `extra_eos_ids`, and every eos_token_id of the
+    folder's generation_config.json and config.json (Llama 3's <|eot_id|>, Gemma's
+    <end_of_turn>, Phi-3's <|end|>: chat models end turns with ids the tokenizer's own eos
+    is not), as TGI and vLLM stop on them; an eos_token in `tokenizer_config_path` replaces
+    the folder's."""
     from transformers import AutoTokenizer
 
     folder = files.folder if files.kind == "safetensors" else _gguf_tokenizer_dir(files.path)
@@ -94,7 +99,25 @@ def load_tokenizer(
                 token = token.get("content")
             if token:
                 setattr(hf, key, token)
+    overridden = tokenizer_config_path is not None and "eos_token" in overrides
+    if files.kind == "safetensors" and not overridden:  # an overridden eos token is the choice
+        extra_eos_ids = (*extra_eos_ids, *checkpoint_eos_ids(files.folder, len(hf)))
     return Tokenizer(hf, extra_eos_ids)
+
+
+def checkpoint_eos_ids(folder: Path, vocab_size: int) -> tuple[int, ...]:
+    """eos_token_id (an int or a list) of generation_config.json, then config.json (and its
+    text_config), ids the tokenizer has only."""
+    ids: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        path = Path(folder) / name
+        if not path.exists():
+            continue
+        config = json.loads(path.read_text())
+        for source in (config, config.get("text_config") or {}):
+            value = source.get("eos_token_id")
+            ids += value if isinstance(value, list) else [] if value is None else [value]
+    return tuple(dict.fromkeys(int(i) for i in ids if 0 <= int(i) < vocab_size))
 
 
 def _gguf_tokenizer_dir(gguf_file: Path) -> Path:

@@ -15,8 +15,9 @@ from tgix.engine.request import GenerationRequest
 VOCAB = testing.TOKENIZER_VOCAB_SIZE
 PROMPTS = ((5, 17, 42, 8, 99, 3, 250, 61, 7), (12, 130, 44, 9, 77, 21, 200, 31, 64, 11, 90, 15, 3))
 NEW_TOKENS = 10
+# the shapes these requests use compile on demand (the numerics are the point here)
 SMALL = dict(max_total_tokens=48, max_batch_prefill_tokens=48, max_batch_total_tokens=256,
-             max_batch_size=2)  # fmt: skip
+             max_batch_size=2, compile=False, warmup=False)  # fmt: skip
 
 
 def hf_greedy(model, prompt, n):
@@ -24,7 +25,7 @@ def hf_greedy(model, prompt, n):
     ids, out, cache = torch.tensor([prompt]), [], None
     with torch.no_grad():
         for _ in range(n):
-            result = model(ids, past_key_values=cache, use_cache=True)
+            result = model(ids, cache=cache, use_cache=True)
             cache = result.past_key_values
             out.append(int(result.logits[0, -1, :VOCAB].argmax()))
             ids = torch.tensor([[out[-1]]])
@@ -58,7 +59,7 @@ def test_expert_load_in_stats_equals_transformers_routing(tiny_checkpoints, xla_
     engine = make_engine(path, xla_cache, **SMALL)
     engines.append(engine)
     prompt = PROMPTS[1]
-    before = wait_idle(engine)  # warm-up requests routed tokens too
+    before = wait_idle(engine)  # no step yet: no expert keys
     final = list(engine.submit(GenerationRequest(prompt_ids=prompt, max_new_tokens=4)))[-1]
     stats = wait_idle(engine)
     seen = list(prompt) + [t.id for t in final.tokens][:-1]  # every token the model read
@@ -67,7 +68,7 @@ def test_expert_load_in_stats_equals_transformers_routing(tiny_checkpoints, xla_
         routers = reference(torch.tensor([seen]), output_router_logits=True).router_logits
     picks = np.concatenate([torch.topk(r, 2, dim=-1).indices.numpy().ravel() for r in routers])
     expected = np.bincount(picks, minlength=4)
-    routed = [stats[f"expert_{e}_total"] - before[f"expert_{e}_total"] for e in range(4)]
+    routed = [stats[f"expert_{e}_total"] - before.get(f"expert_{e}_total", 0) for e in range(4)]
     assert routed == expected.tolist()
     assert (expected > 0).all(), "the prompt should route to every expert"
     last = [stats[f"expert_{e}_last_step"] for e in range(4)]

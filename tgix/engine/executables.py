@@ -132,7 +132,10 @@ class StepExecutables:
             backend = self._attention_name
             knobs = (c.num_top, self._vocab_limit, c.watermark_gamma, c.watermark_delta, backend)
             knobs += (c.draft_head_rows,)
-            self._base_description = repr((self.cfg, knobs, dict(self.mesh.shape), arrays))
+            # the graph's static attributes (an MoE block's expert path, a layer's quantized
+            # form, the backend) shape the program as much as the arrays do
+            graph = repr(self._graphdef)
+            self._base_description = repr((self.cfg, knobs, dict(self.mesh.shape), arrays, graph))
         return repr(what) + self._base_description
 
     # -- lowering and compiling ------------------------------------------------------------------
