@@ -115,8 +115,7 @@ _FAMILY_OVERRIDES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 
-# The Llama-shaped families above; speculation and Medusa tests run over these only.
-LLAMA_FAMILIES: tuple[str, ...] = tuple(_FAMILY_OVERRIDES)
+LLAMA_FAMILIES: tuple[str, ...] = tuple(_FAMILY_OVERRIDES)  # the Llama-shaped ones above
 
 _GEMMA = {
     "hidden_act": "gelu_pytorch_tanh",
@@ -191,6 +190,13 @@ _FAMILY_OVERRIDES.update(
 
 FAMILIES: tuple[str, ...] = tuple(_FAMILY_OVERRIDES)
 NEW_FAMILIES: tuple[str, ...] = tuple(f for f in FAMILIES if f not in LLAMA_FAMILIES)
+# Speculation and Medusa tests: drafts and their verification do not depend on the family
+# once the forward matches transformers (the parity tests, every family), except through
+# what a verify step changes per token: dynamic rope and LongRoPE's switch (tokenwise), the
+# sliding window, soft-capped scores, tied heads and biases.
+SPECULATION_FAMILIES: tuple[str, ...] = (
+    "llama_dynamic", "mistral", "smollm", "qwen2", "phi3_longrope", "gemma2",
+)  # fmt: skip
 
 
 def _make_config(family: str):

@@ -193,7 +193,7 @@ def test_engine_verifies_the_heads_guesses_after_the_last_token(engines, medusa,
         assert list(drafts) == list(want[: len(drafts)])
 
 
-@pytest.mark.parametrize("family", testing.LLAMA_FAMILIES)
+@pytest.mark.parametrize("family", testing.SPECULATION_FAMILIES)
 def test_every_family_gives_the_same_ids(engines, family):
     requests = [greedy(14, prompt_ids=prompt(3, 11)), greedy(10, prompt_ids=prompt(4, 5) * 3)]
     same_as_plain(engines, requests, family)

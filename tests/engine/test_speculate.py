@@ -258,7 +258,7 @@ def test_greedy_ids_do_not_change_with_any_drafts(engines, k):
     assert wait_idle(engine)["batch_size"] == 0
 
 
-@pytest.mark.parametrize("family", [f for f in testing.LLAMA_FAMILIES if f != "llama"])
+@pytest.mark.parametrize("family", testing.SPECULATION_FAMILIES)
 def test_every_family_gives_the_same_ids(engines, family):
     engine = engines(family, 3)
     requests = [greedy(16, prompt_ids=prompt(3, 11)), greedy(12, prompt_ids=prompt(4, 5) * 3)]
