@@ -2,7 +2,8 @@
 float32 on CPU for the default model, and decode throughput on one accelerator.
 
     python -m benchmarks.gpu_check [--tokens 32] [--batches 1 8 32] [--json PATH]
-    python -m benchmarks.gpu_check --device cpu --tokens 4 --no-throughput --no-quant  # smoke
+    python -m benchmarks.gpu_check --device cpu --tokens 4 --no-throughput --no-quant \
+        --no-moe  # smoke
 
 Parity: the same prompts run greedily through the engine's own step (tests/paged-style
 driver: one prefill, then one token at a time) twice, float32 on the CPU backend (the
@@ -12,7 +13,9 @@ digits, so long greedy runs may part at near-ties; the first-step logits say whe
 numerics are sound). Throughput: `tgix.LLM` on the accelerator in bfloat16, B requests of 32
 random prompt tokens, `--new-tokens` each, ignore_eos; decode tok/s over the steady phase as
 benchmarks.engine measures it. Quantized decode (benchmarks.gpu_quant): bf16 vs int8 vs
-4-bit kept on Llama-3-8B-shaped random layers. One JSON with all, for the closing note.
+4-bit kept on Llama-3-8B-shaped random layers. MoE (benchmarks.gpu_moe): one Mixtral-8x7B-
+and one Qwen3-30B-A3B-shaped MoE layer through ragged_dot, sorted blocks and dense. One JSON
+with all, for the closing note.
 """
 
 from __future__ import annotations
@@ -110,6 +113,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-throughput", action="store_true", help="parity only")
     parser.add_argument("--no-quant", action="store_true", help="skip benchmarks.gpu_quant")
     parser.add_argument("--quant-layers", type=int, default=8, help="8B-shaped layers")
+    parser.add_argument("--no-moe", action="store_true", help="skip benchmarks.gpu_moe")
     parser.add_argument("--json", default="benchmarks/results/gpu_check.json")
     args = parser.parse_args(argv)
     import jax
@@ -129,8 +133,14 @@ def main(argv=None) -> int:
 
         print(f"quantized decode, {args.quant_layers} Llama-3-8B-shaped layers (ms per step):")
         quant = gpu_quant.run("llama3-8b", args.quant_layers, args.batches, "bfloat16")
+    moe = []
+    if not args.no_moe:
+        from benchmarks import gpu_moe
+
+        print("one MoE layer per expert path (ms per call, bfloat16):")
+        moe = gpu_moe.run(["mixtral", "qwen3-moe"], [1, 16, 256, 2048])
     write_json(args.json, {"machine": machine(), "args": vars(args), "parity": checks,
-                           "throughput": rates, "quant": quant})  # fmt: skip
+                           "throughput": rates, "quant": quant, "moe": moe})  # fmt: skip
     return 0
 
 
