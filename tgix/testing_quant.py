@@ -17,7 +17,10 @@ import shutil
 
 import numpy as np
 
-LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LINEAR = (
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    "qkv_proj", "gate_up_proj",  # Phi-3 fused
+)  # fmt: skip
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 

@@ -268,3 +268,24 @@ def test_the_launcher_exits_1_naming_the_flag_and_the_checkpoint(checkpoints, mo
         "Invalid argument: `--quantize gptq` contradicts the checkpoint, which is quantized "
         "with `awq`" in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_fused_phi3_tensors_kept_quantized_split_into_their_layers(
+    tiny_checkpoints, tmp_path, shards
+):
+    """AWQ's qkv_proj / gate_up_proj each split into q, k, v / gate, up as row maps of one
+    GroupedWeight: the logits of transformers on the dequantized weights, on 1 and 2 shards."""
+    path = testing_quant.write_awq_checkpoint(
+        tiny_checkpoints("phi3"), tmp_path / "q", reference=tmp_path / "ref"
+    )
+    loaded = load_model(str(path), quantize_form="kept", mesh=make_mesh(model=shards))
+    attn = loaded.model.layers[1].self_attn
+    assert attn.q_proj.kernel is None and attn.k_proj.codes[...].shape == (32, 20)
+    prompt, continuation = ids(6, 13), ids(7, 3)
+    with torch.no_grad():
+        ref = testing.load_reference_model(tmp_path / "ref")
+        full = ref(torch.tensor([prompt + continuation])).logits[0].numpy()
+    np.testing.assert_allclose(
+        prompt_then_tokens(loaded, prompt, continuation), full, atol=ATOL, rtol=0
+    )
