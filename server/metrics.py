@@ -156,6 +156,24 @@ class EngineGauges(Collector):
             "KV cache capacity in tokens",
             value=float(self.limits.max_batch_total_tokens),
         )
+        yield from expert_gauges(stats)
+
+
+def expert_gauges(stats: dict) -> Iterable[Metric]:
+    """An MoE model's expert load (tgix/engine/engine_stats.py), one sample per expert."""
+    experts = sorted(
+        int(k.split("_")[1]) for k in stats if k.endswith("_total") and k.startswith("expert_")
+    )
+    if not experts:
+        return
+    for name, suffix, doc in (
+        ("tgix_expert_step_tokens", "last_step", "Assignments routed to each expert, last step"),
+        ("tgix_expert_tokens", "total", "Assignments routed to each expert since start"),
+    ):
+        family = GaugeMetricFamily(name, doc + " (summed over MoE layers)", labels=["expert"])
+        for e in experts:
+            family.add_metric([str(e)], float(stats[f"expert_{e}_{suffix}"]))
+        yield family
 
 
 def render(*registries: CollectorRegistry) -> bytes:

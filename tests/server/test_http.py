@@ -253,6 +253,18 @@ def test_metrics_names_types_and_values(make_client):
     assert not [line for line in lines if line.split(" ")[0].endswith(("_total", "_created"))]
 
 
+def test_an_moe_engines_expert_load_is_one_gauge_per_expert(make_client, monkeypatch):
+    client, engine = make_client()
+    load = {"expert_0_last_step": 6.0, "expert_0_total": 30.0, "expert_1_last_step": 0.0,
+            "expert_1_total": 12.0, "expert_imbalance": 2.0}  # fmt: skip
+    plain = engine.stats
+    monkeypatch.setattr(engine, "stats", lambda: {**plain(), **load})
+    lines = set(client.get("/metrics").text.splitlines())
+    assert "# TYPE tgix_expert_tokens gauge" in lines
+    assert {'tgix_expert_tokens{expert="0"} 30.0', 'tgix_expert_tokens{expert="1"} 12.0'} <= lines
+    assert 'tgix_expert_step_tokens{expert="1"} 0.0' in lines
+
+
 def test_step_recorder_feeds_metrics(make_client):
     from server.app import build_app
     from server.metrics import StepRecorder, render
