@@ -73,6 +73,11 @@ def test_phi3_su_is_longrope_and_partial_rotary_is_phi3s_only():
     with pytest.raises(UnsupportedModelError, match="partial_rotary_factor.*for llama"):
         cfg("llama", partial_rotary_factor=0.5)
     assert cfg("phi3", sliding_window=2047).sliding_windows == (2047,) * 6
+    yarn = cfg(
+        "phi3", rope_scaling={"type": "yarn", **factors}, partial_rotary_factor=0.5,
+        original_max_position_embeddings=4096,
+    )  # fmt: skip
+    assert yarn.rope.rope_type == "longrope"  # as Phi3Config reads it
 
 
 def test_moe_switches_per_family():
@@ -90,6 +95,19 @@ def test_moe_switches_per_family():
         shared_expert_intermediate_size=64, norm_topk_prob=False,
     )  # fmt: skip
     assert (qwen2.shared_expert_size, qwen2.qkv_bias, qwen2.norm_topk_prob) == (64, True, False)
+
+
+def test_qwen_moe_sliding_windows_are_refused_by_name():
+    with pytest.raises(UnsupportedModelError, match="use_sliding_window.*qwen3_moe"):
+        cfg("qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
+            use_sliding_window=True, sliding_window=64)  # fmt: skip
+
+
+def test_gemma_without_head_dim_or_rope_theta_takes_its_defaults():
+    fields = {k: v for k, v in BASE.items() if k != "head_dim"}
+    c = ModelConfig.from_hf({**fields, "model_type": "gemma3_text",
+                             "hidden_activation": "gelu_pytorch_tanh"})  # fmt: skip
+    assert (c.head_dim, c.attn_scale, c.rope.theta, c.local_rope.theta) == (16, 0.25, 1e6, 1e4)
 
 
 def test_shard_counts_follow_experts_or_their_width():
@@ -115,6 +133,32 @@ def test_a_missing_expert_is_named(mixtral_folder, tmp_path):
     (tmp_path / "config.json").write_text((mixtral_folder / "config.json").read_text())
     with pytest.raises(CheckpointError, match=r"layers\.1\.mlp\.up_kernel\[2\]"):
         load_model(str(tmp_path))
+
+
+def test_a_quantized_moe_checkpoint_is_refused_at_start(mixtral_folder, tmp_path):
+    from tgix import testing_quant
+    from tgix.models import QuantizeError
+
+    path = testing_quant.write_awq_checkpoint(mixtral_folder, tmp_path / "awq")
+    with pytest.raises(QuantizeError, match="mixtral: quantized experts are not supported"):
+        load_model(str(path))
+
+
+def test_stacked_host_arrays_are_let_go_once_placed(mixtral_folder, monkeypatch):
+    """The loader keeps no reference (not even a view) to an [E, ...] host array once its
+    last expert is in, so each goes as soon as the device has it."""
+    from tgix.models import weights
+
+    seen, real_finish = {}, weights._Placer.finish
+
+    def finish(self):
+        seen.update(self.stacks)
+        return real_finish(self)
+
+    monkeypatch.setattr(weights._Placer, "finish", finish)
+    load_model(str(mixtral_folder))
+    assert len(seen) == 3 * 3  # 3 layers x gate/up/down
+    assert all(host is None and len(filled) == 4 for host, filled in seen.values())
 
 
 def test_stacked_experts_hold_the_checkpoint_tensors(mixtral_folder):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 
 import jax
@@ -38,6 +39,8 @@ from tgix.models.quant_group import (
 from tgix.models.weights import grouped_layouts, load_weights
 from tgix.sharding import check_fits, kv_repeats, mesh_for_model
 from tgix.sharding.rules import expert_axis
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "CheckpointError",
@@ -155,6 +158,11 @@ def load_model(
             source.keep_blocks = form == "kept"
     source = WithoutKVScales(source)
     checkpoint_cfg = ModelConfig.from_hf(hf_config)
+    if checkpoint_cfg.is_moe and (spec is not None or blocks):
+        raise QuantizeError(
+            f"{checkpoint_cfg.model_type}: quantized experts are not supported yet "
+            "(a float checkpoint loads; --quantize leaves its experts in float)"
+        )
     if mesh is None:
         mesh = mesh_for_model(checkpoint_cfg, num_shard, data=data)
         mesh = Mesh(mesh.devices[:1], mesh.axis_names)  # replica 0
@@ -171,6 +179,7 @@ def load_model(
     if form == "kept":
         abstract = group_abstract(abstract, grouped_layouts(checkpoint_cfg, source))
     if expert_axis(cfg, mesh.shape["model"]):  # each device computes its own experts
+        logger.info("experts split over %d devices: dense expert path", mesh.shape["model"])
         set_moe_impl(abstract, "dense")
     model = load_weights(
         abstract, checkpoint_cfg, source, mesh, dtype, kv_repeats=repeats, quantize=load_time

@@ -151,11 +151,11 @@ class CausalLM(nnx.Module):
         fresh_rows: bool = False,
         tokenwise_rope: bool = False,
         with_load: bool = False,
-    ) -> tuple[jax.Array, tuple[LayerKV, ...]]:
+    ) -> tuple:
         """The final normed hidden states [T, D] (or [R, D] at `logits_indices`), new KV
-        pages: what the LM head and any Medusa heads (tgix/models/medusa.py) read. With
-        `with_load` (static) also the expert load: routed assignments per expert [E] int32
-        summed over the MoE layers (None for a dense model)."""
+        pages (x, pages): what the LM head and any Medusa heads (tgix/models/medusa.py)
+        read. With `with_load` (static) (x, pages, load): also the expert load, routed
+        assignments per expert [E] int32 summed over the MoE layers (None if dense)."""
         context_lens = md.positions + 1 if tokenwise_rope else md.kv_lens[md.token_rows]  # [T]
         cfg = self.cfg
         ropes = (  # cos, sin [T, H'] each, of the rope and of the sliding layers' own

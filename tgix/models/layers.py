@@ -21,7 +21,7 @@ from tgix.models.quant_group import GroupLayout, grouped_matmul
 from tgix.models.rope_config import RopeConfig, cos_sin_scale
 
 
-def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, std: float):
+def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, std: float):
     """A parameter tagged with logical axes; tgix/sharding/rules.py maps them to the mesh."""
     value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
     return nnx.Param(value, axes=axes)
@@ -36,11 +36,11 @@ class Dense(nnx.Module):
     def __init__(self, spec: str, kernel_shape, kernel_axes, *, bias: bool, rngs, dtype):
         self.spec = spec  # e.g. "td,dnh->tnh"
         num_out = len(spec.split("->")[1]) - 1
-        self.kernel = _param(
+        self.kernel = param(
             rngs, kernel_shape, kernel_axes, dtype, np.prod(kernel_shape[:-num_out]) ** -0.5
         )
         self.bias = (
-            _param(rngs, kernel_shape[-num_out:], kernel_axes[-num_out:], dtype, 0.0)
+            param(rngs, kernel_shape[-num_out:], kernel_axes[-num_out:], dtype, 0.0)
             if bias
             else None
         )

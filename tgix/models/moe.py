@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tgix.models.config import ModelConfig
-from tgix.models.layers import ACTIVATIONS, GatedMLP, _param
+from tgix.models.layers import ACTIVATIONS, GatedMLP, param
 
 IMPLS = ("sorted", "ragged", "dense")
 MAX_BLOCK = 64  # rows of one sorted block at most
@@ -53,19 +53,21 @@ class SparseMoE(nnx.Module):
         self.impl = default_impl()  # static; the loader picks dense for an expert axis
         if self.impl not in IMPLS:
             raise ValueError(f"TGIX_MOE_IMPL={self.impl!r}: one of {', '.join(IMPLS)}")
-        self.router = _param(rngs, (e, d), ("router", "embed"), dtype, d**-0.5)
+        self.router = param(rngs, (e, d), ("router", "embed"), dtype, d**-0.5)
         in_axes, out_axes = ("experts", "embed", "expert_mlp"), ("experts", "expert_mlp", "embed")
-        self.gate_kernel = _param(rngs, (e, d, f), in_axes, dtype, d**-0.5)
-        self.up_kernel = _param(rngs, (e, d, f), in_axes, dtype, d**-0.5)
-        self.down_kernel = _param(rngs, (e, f, d), out_axes, dtype, f**-0.5)
+        self.gate_kernel = param(rngs, (e, d, f), in_axes, dtype, d**-0.5)
+        self.up_kernel = param(rngs, (e, d, f), in_axes, dtype, d**-0.5)
+        self.down_kernel = param(rngs, (e, f, d), out_axes, dtype, f**-0.5)
         shared = cfg.shared_expert_size
         self.shared_expert = GatedMLP(cfg, rngs=rngs, dtype=dtype, width=shared) if shared else None
         self.shared_expert_gate = (
-            _param(rngs, (1, d), ("router", "embed"), dtype, d**-0.5) if shared else None
+            param(rngs, (1, d), ("router", "embed"), dtype, d**-0.5) if shared else None
         )
 
     def route(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """x [T, D] -> top-k expert ids [T, k] int32 and their weights [T, k] float32."""
+        # float32 logits (transformers computes them in the model dtype, then softmaxes in
+        # float32: in bfloat16 a near-tie may route differently)
         logits = jnp.einsum(
             "td,ed->te", x.astype(jnp.float32), self.router[...].astype(jnp.float32)
         )  # [T, E] float32
@@ -94,7 +96,7 @@ class SparseMoE(nnx.Module):
             out = out + gate * self.shared_expert(x)
         return out, load
 
-    def _experts(self, xs: jax.Array, e: jax.Array | None = None) -> jax.Array:
+    def _experts(self, xs: jax.Array, e: jax.Array) -> jax.Array:
         """One expert's MLP on rows xs [B, D] -> [B, D] (e: its index)."""
         act = ACTIVATIONS[self.hidden_act]
         gate, up, down = (w[...][e] for w in (self.gate_kernel, self.up_kernel, self.down_kernel))
@@ -114,7 +116,6 @@ class SparseMoE(nnx.Module):
         a, e = flat_ids.shape[0], load.shape[0]
         order = jnp.argsort(flat_ids, stable=True)  # [A] assignments by expert
         token_of, weight_of = order // k, flat_weights[order]  # [A]
-        starts = jnp.cumsum(load) - load  # [E] first sorted row of each expert
         if self.impl == "ragged":
             xs = x[token_of]  # [A, D]; rows past sum(load) are padding: no group, output 0
             act = ACTIVATIONS[self.hidden_act]
@@ -122,6 +123,7 @@ class SparseMoE(nnx.Module):
             h = act(rd(xs, self.gate_kernel[...])) * rd(xs, self.up_kernel[...])
             y = rd(h, self.down_kernel[...]) * weight_of[:, None]
             return jnp.zeros_like(x).at[token_of].add(y)
+        starts = jnp.cumsum(load) - load  # [E] first sorted row of each expert
         block = _block_rows(a, e)
         blocks_of = (load + block - 1) // block  # [E]
         block_end = jnp.cumsum(blocks_of)  # [E] blocks up to and including each expert
@@ -134,7 +136,7 @@ class SparseMoE(nnx.Module):
             rows = jnp.minimum(rows, a - 1)
             tokens = token_of[rows]
             y = self._experts(x[tokens], expert)  # [B, D]
-            y = y * jnp.where(valid, weight_of[rows], 0)[:, None]
+            y = jnp.where(valid[:, None], y * weight_of[rows][:, None], 0)  # no 0 * inf
             return out.at[tokens].add(y)
 
         return jax.lax.fori_loop(0, block_end[-1], body, jnp.zeros_like(x))

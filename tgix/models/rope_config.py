@@ -24,7 +24,6 @@ _ROPE_OPTIONAL = {
     "yarn": {"attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"},
     "longrope": {"attention_factor", "factor"},
 }
-_ALIASES = {"su": "longrope"}  # Phi-3's first name for LongRoPE
 
 
 class UnsupportedModelError(ValueError):
@@ -57,7 +56,6 @@ def rope_from_hf(params: dict[str, Any], hf: dict[str, Any], rotary_dim: int) ->
     (for `rope_theta`, `max_position_embeddings` and `original_max_position_embeddings`)."""
     params = dict(params)
     rope_type = params.get("rope_type", params.get("type", "default"))
-    rope_type = _ALIASES.get(rope_type, rope_type)
     if rope_type not in _ROPE_KEYS:
         raise UnsupportedModelError(
             f"rope type {rope_type!r} is not supported; supported: {sorted(_ROPE_KEYS)}"
@@ -69,8 +67,9 @@ def rope_from_hf(params: dict[str, Any], hf: dict[str, Any], rotary_dim: int) ->
             hf.get("original_max_position_embeddings") or hf.get("max_position_embeddings"),
         )
         original = params["original_max_position_embeddings"]
+        longest = hf.get("max_position_embeddings")
         if rope_type in ("yarn", "longrope") and params.get("factor") is None and original:
-            params["factor"] = hf["max_position_embeddings"] / original
+            params["factor"] = (longest or original) / original
     missing = sorted(k for k in _ROPE_KEYS[rope_type] if params.get(k) is None)
     if missing:
         raise UnsupportedModelError(f"rope type {rope_type!r} needs {missing}")

@@ -149,6 +149,8 @@ class _Placer:
         if path not in self.stacks:
             self.stacks[path] = (np.empty(var.shape, self.dtype), set())
         host, filled = self.stacks[path]
+        if host is None:  # placed already: every index was set
+            raise CheckpointError(f"tensor {name!r} is set twice")
         value = transform(raw)
         if not 0 <= index < host.shape[0] or index in filled:
             raise CheckpointError(
@@ -162,7 +164,7 @@ class _Placer:
         filled.add(index)
         if len(filled) == host.shape[0]:
             self.loaded[path] = _place(var, host, self.mesh)
-            self.stacks[path] = (host[:0], filled)  # the host copy is freed
+            self.stacks[path] = (None, filled)  # the host copy is freed (no view kept)
 
     def finish(self) -> dict[Path, nnx.Variable]:
         missing = [".".join(map(str, p)) for p in self.expected if p not in self.loaded]

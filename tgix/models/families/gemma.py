@@ -17,12 +17,16 @@ def _switches(hf: dict[str, Any]) -> dict[str, Any]:
         "norm_plus_one": True,
         "sandwich_norms": True,
         "embed_scale": float(hf["hidden_size"]) ** 0.5,
-        "attn_scale": float(hf.get("query_pre_attn_scalar") or hf["head_dim"]) ** -0.5,
+        "attn_scale": float(hf.get("query_pre_attn_scalar") or _head_dim(hf)) ** -0.5,
         "attn_softcap": _cap(hf.get("attn_logit_softcapping")),
         "final_softcap": _cap(hf.get("final_logit_softcapping")),
         "qk_norm": hf["model_type"] == "gemma3_text",
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", True)),
     }
+
+
+def _head_dim(hf: dict[str, Any]) -> int:
+    return int(hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"])
 
 
 def _cap(value) -> float | None:
@@ -52,8 +56,8 @@ def _gemma3_rope(hf: dict[str, Any], rotary_dim: int):
     if "full_attention" in params or "sliding_attention" in params:
         full = params.get("full_attention") or {}
         local = params.get("sliding_attention") or {}
-    else:
-        full = params
+    else:  # Gemma 3's global theta defaults to 1e6
+        full = {"rope_theta": hf.get("rope_theta", 1e6), **params}
         local = {"rope_type": "default", "rope_theta": hf.get("rope_local_base_freq", 10000.0)}
     return rope_from_hf(full, hf, rotary_dim), rope_from_hf(local, hf, rotary_dim)
 

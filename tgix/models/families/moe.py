@@ -8,7 +8,7 @@ from typing import Any
 
 from tgix.models.config import ModelConfig
 from tgix.models.families.base import Family
-from tgix.models.families.llama import qwen_windows
+from tgix.models.rope_config import UnsupportedModelError
 from tgix.models.weight_table import LAYER, Target, decoder_rows, layer, mlp_rows, row, transpose
 
 
@@ -41,6 +41,15 @@ def qwen_moe_rows(cfg: ModelConfig, kv_repeats: int = 1):
         *mlp_rows(prefix + r"shared_expert\.", ("mlp", "shared_expert")),
         row(prefix + r"shared_expert_gate\.weight", Target(layer("mlp", "shared_expert_gate"))),
     ]
+
+
+def _qwen_moe_windows(hf: dict[str, Any], num_layers: int):
+    """transformers slides every Qwen3-MoE layer and Qwen2-MoE's below max_window_layers
+    with use_sliding_window, unlike the dense Qwen2/3: refused until served (the public
+    checkpoints leave it off)."""
+    if hf.get("use_sliding_window", False):
+        raise UnsupportedModelError(f"use_sliding_window is not supported for {hf['model_type']}")
+    return (None,) * num_layers
 
 
 def _mixtral(hf: dict[str, Any]) -> dict[str, Any]:
@@ -80,6 +89,6 @@ FAMILIES = (
         model_types=("qwen3_moe", "qwen2_moe"),
         rows=qwen_moe_rows,
         switches=_qwen_moe,
-        sliding_windows=qwen_windows,
+        sliding_windows=_qwen_moe_windows,
     ),
 )

@@ -6,7 +6,7 @@ tgix/models/layers.py) and partial rotary."""
 from __future__ import annotations
 
 from tgix.models.config import ModelConfig
-from tgix.models.families.base import Family
+from tgix.models.families.base import Family, llama_rope
 from tgix.models.weight_table import (
     LAYER,
     Target,
@@ -43,4 +43,15 @@ def phi3_rows(cfg: ModelConfig, kv_repeats: int = 1):
     ]
 
 
-FAMILIES = (Family(model_types=("phi3",), rows=phi3_rows, partial_rotary=True),)
+def phi3_rope(hf: dict, rotary_dim: int):
+    """Phi3Config reads a rope type of "su" or "yarn" as longrope."""
+    hf = dict(hf)
+    for key in ("rope_scaling", "rope_parameters"):
+        params = dict(hf.get(key) or {})
+        if params.get("rope_type", params.get("type")) in ("su", "yarn"):
+            params.pop("type", None)
+            hf[key] = {**params, "rope_type": "longrope"}
+    return llama_rope(hf, rotary_dim)
+
+
+FAMILIES = (Family(model_types=("phi3",), rows=phi3_rows, rope=phi3_rope, partial_rotary=True),)
