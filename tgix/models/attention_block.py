@@ -55,13 +55,13 @@ class PagedAttention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.q_scale != 1.0:
-            q = q * self.q_scale
         k_scale, v_scale = self.kv_scales if is_fp8(kv.k.dtype) else (1.0, 1.0)
         if (k_scale, v_scale) != (1.0, 1.0):
             # pages of k / ks and v / vs, attended by q * ks: scores q.k and the output
             # softmax . v / vs, rescaled below, are the unscaled ones; no backend sees scales
-            q, k, v = q * k_scale, k / k_scale, v / v_scale
+            k, v = k / k_scale, v / v_scale
+        if self.q_scale * k_scale != 1.0:  # one multiply for both
+            q = q * (self.q_scale * k_scale)
         out, kv = self.backend(
             q, k, v, kv, md, fresh=fresh_rows, sliding_window=self.sliding_window,
             softcap=self.softcap,

@@ -89,8 +89,11 @@ class SparseMoE(nnx.Module):
         weights = weights.astype(x.dtype)
         if self.impl == "dense":
             out = self._dense(x, ids, weights)
-        else:
-            out = self._sorted(x, flat_ids, weights.reshape(-1), load, k)
+        else:  # the assignments sorted by expert [A]: their tokens and weights
+            order = jnp.argsort(flat_ids, stable=True)
+            token_of, weight_of = order // k, weights.reshape(-1)[order]
+            path = self._ragged if self.impl == "ragged" else self._blocks
+            out = path(x, token_of, weight_of, load)
         if self.shared_expert is not None:
             gate = jax.nn.sigmoid(jnp.einsum("td,od->to", x, self.shared_expert_gate[...]))
             out = out + gate * self.shared_expert(x)
@@ -111,18 +114,18 @@ class SparseMoE(nnx.Module):
         combine = jnp.zeros((x.shape[0], y.shape[1]), x.dtype).at[rows, ids].add(weights)
         return jnp.einsum("ted,te->td", y, combine)
 
-    def _sorted(self, x, flat_ids, flat_weights, load, k):
-        """flat_ids [A] (E for padding), flat_weights [A], load [E]."""
-        a, e = flat_ids.shape[0], load.shape[0]
-        order = jnp.argsort(flat_ids, stable=True)  # [A] assignments by expert
-        token_of, weight_of = order // k, flat_weights[order]  # [A]
-        if self.impl == "ragged":
-            xs = x[token_of]  # [A, D]; rows past sum(load) are padding: no group, output 0
-            act = ACTIVATIONS[self.hidden_act]
-            rd = lambda lhs, w: jax.lax.ragged_dot(lhs, w, load)
-            h = act(rd(xs, self.gate_kernel[...])) * rd(xs, self.up_kernel[...])
-            y = rd(h, self.down_kernel[...]) * weight_of[:, None]
-            return jnp.zeros_like(x).at[token_of].add(y)
+    def _ragged(self, x, token_of, weight_of, load):
+        """token_of, weight_of [A] sorted by expert, load [E]: one grouped matmul each."""
+        xs = x[token_of]  # [A, D]; rows past sum(load) are padding: no group, output 0
+        act = ACTIVATIONS[self.hidden_act]
+        rd = lambda lhs, w: jax.lax.ragged_dot(lhs, w, load)
+        h = act(rd(xs, self.gate_kernel[...])) * rd(xs, self.up_kernel[...])
+        y = rd(h, self.down_kernel[...]) * weight_of[:, None]
+        return jnp.zeros_like(x).at[token_of].add(y)
+
+    def _blocks(self, x, token_of, weight_of, load):
+        """The same rows in blocks of one expert each, only the blocks used."""
+        a, e = token_of.shape[0], load.shape[0]
         starts = jnp.cumsum(load) - load  # [E] first sorted row of each expert
         block = _block_rows(a, e)
         blocks_of = (load + block - 1) // block  # [E]

@@ -100,7 +100,8 @@ class _Placer:
         self.expected, self.mesh, self.dtype, self.quantize = expected, mesh, dtype, quantize
         self.loaded: dict[Path, nnx.Variable] = {}
         self.row_maps: dict[tuple, np.ndarray] = {}  # (transform, N, K) -> rows, per kind
-        self.stacks: dict[Path, tuple[np.ndarray, set[int]]] = {}  # host array, indices set
+        # stacked path -> (host array, indices set); the array None once placed
+        self.stacks: dict[Path, tuple[np.ndarray | None, set[int]]] = {}
 
     def put(self, name: str, raw, path: Path, transform: Transform) -> None:
         expected, quantize = self.expected, self.quantize
@@ -145,16 +146,16 @@ class _Placer:
         """`raw` (transformed) at `index` of the stacked parameter at `path`."""
         if isinstance(raw, GroupedWeight):
             raise CheckpointError(f"tensor {name!r}: quantized experts are not supported")
-        var = self._slot(name, path) if path not in self.stacks else self.expected[path]
         if path not in self.stacks:
-            self.stacks[path] = (np.empty(var.shape, self.dtype), set())
+            shape = self._slot(name, path).shape
+            self.stacks[path] = (np.empty(shape, self.dtype), set())
         host, filled = self.stacks[path]
-        if host is None:  # placed already: every index was set
+        if host is None or index in filled:  # None: placed, every index set already
             raise CheckpointError(f"tensor {name!r} is set twice")
         value = transform(raw)
-        if not 0 <= index < host.shape[0] or index in filled:
+        if not 0 <= index < host.shape[0]:
             raise CheckpointError(
-                f"tensor {name!r}: index {index} of {host.shape[0]} is out of range or set twice"
+                f"tensor {name!r}: index {index} is out of range for {host.shape[0]}"
             )
         if value.shape != host.shape[1:]:
             raise CheckpointError(
@@ -163,17 +164,19 @@ class _Placer:
         host[index] = value
         filled.add(index)
         if len(filled) == host.shape[0]:
-            self.loaded[path] = _place(var, host, self.mesh)
+            self.loaded[path] = _place(self.expected[path], host, self.mesh)
             self.stacks[path] = (None, filled)  # the host copy is freed (no view kept)
 
     def finish(self) -> dict[Path, nnx.Variable]:
-        missing = [".".join(map(str, p)) for p in self.expected if p not in self.loaded]
-        for path, (_, filled) in self.stacks.items():
-            if path not in self.loaded:
-                want = self.expected[path].shape[0]
-                gaps = sorted(set(range(want)) - filled)
-                missing.append(f"{'.'.join(map(str, path))}[{', '.join(map(str, gaps[:8]))}]")
-                missing.remove(".".join(map(str, path)))
+        missing = []
+        for path, var in self.expected.items():
+            if path in self.loaded:
+                continue
+            where = ".".join(map(str, path))
+            if path in self.stacks:  # stacked, partly filled: name the indices missing
+                gaps = sorted(set(range(var.shape[0])) - self.stacks[path][1])
+                where += f"[{', '.join(map(str, gaps[:8]))}]"
+            missing.append(where)
         if missing:
             raise CheckpointError(
                 f"checkpoint lacks {len(missing)} tensor(s): {', '.join(missing[:8])}"

@@ -13,6 +13,7 @@ from tgix.models.rope_config import (
     merged_rope_params,
     rope_from_hf,
 )
+from tgix.models.weight_table import decoder_rows
 
 
 def llama_rope(hf: dict[str, Any], rotary_dim: int) -> tuple[RopeConfig, RopeConfig | None]:
@@ -51,7 +52,7 @@ class Family:
     raises UnsupportedModelError for options the family has and tgix does not."""
 
     model_types: tuple[str, ...]
-    rows: Callable
+    rows: Callable = decoder_rows
     switches: Callable[[dict[str, Any]], dict[str, Any]] = lambda hf: {}
     rope: Callable = llama_rope
     sliding_windows: Callable = window_per_layer

@@ -5,11 +5,11 @@ a separate rope for the sliding layers (rope_local_base_freq)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from tgix.models.families.base import Family, window_per_layer
 from tgix.models.rope_config import UnsupportedModelError, merged_rope_params, rope_from_hf
-from tgix.models.weight_table import decoder_rows
 
 
 def _switches(hf: dict[str, Any]) -> dict[str, Any]:
@@ -67,22 +67,14 @@ def _refuse(hf: dict[str, Any]) -> None:
         raise UnsupportedModelError("use_bidirectional_attention (an encoder Gemma) is not served")
 
 
-FAMILIES = (
-    Family(
-        model_types=("gemma2",),
-        rows=decoder_rows,
-        switches=_switches,
-        sliding_windows=_gemma2_windows,
-        activations=("gelu_tanh",),
-        refuse=_refuse,
-    ),
-    Family(
-        model_types=("gemma3_text",),
-        rows=decoder_rows,
-        switches=_switches,
-        rope=_gemma3_rope,
-        sliding_windows=_gemma3_windows,
-        activations=("gelu_tanh",),
-        refuse=_refuse,
-    ),
+GEMMA2 = Family(
+    model_types=("gemma2",),
+    switches=_switches,
+    sliding_windows=_gemma2_windows,
+    activations=("gelu_tanh",),
+    refuse=_refuse,
 )
+GEMMA3 = dataclasses.replace(
+    GEMMA2, model_types=("gemma3_text",), rope=_gemma3_rope, sliding_windows=_gemma3_windows
+)
+FAMILIES = (GEMMA2, GEMMA3)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from tgix.models.families.base import Family, window_per_layer
-from tgix.models.weight_table import decoder_rows
 
 
 def qwen_windows(hf: dict[str, Any], num_layers: int):
@@ -17,18 +16,13 @@ def qwen_windows(hf: dict[str, Any], num_layers: int):
     return window_per_layer(hf, num_layers, default)
 
 
+def _qwen(model_type: str, switches: dict[str, Any]) -> Family:
+    return Family(model_types=(model_type,), sliding_windows=qwen_windows,
+                  switches=lambda hf: switches)  # fmt: skip
+
+
 FAMILIES = (
-    Family(model_types=("llama", "mistral"), rows=decoder_rows),
-    Family(
-        model_types=("qwen2",),
-        rows=decoder_rows,
-        sliding_windows=qwen_windows,
-        switches=lambda hf: {"qkv_bias": True},
-    ),  # fmt: skip
-    Family(
-        model_types=("qwen3",),
-        rows=decoder_rows,
-        sliding_windows=qwen_windows,
-        switches=lambda hf: {"qk_norm": True},
-    ),  # fmt: skip
+    Family(model_types=("llama", "mistral")),
+    _qwen("qwen2", {"qkv_bias": True}),
+    _qwen("qwen3", {"qk_norm": True}),
 )
