@@ -73,7 +73,11 @@ def build_app(
         settings=settings,
         limits=limits,
         validator=Validator(
-            engine.tokenizer, limits, settings, getattr(engine, "grammar_compiler", None)
+            engine.tokenizer,
+            limits,
+            settings,
+            getattr(engine, "grammar_compiler", None),
+            vision=getattr(engine, "vision", None),
         ),
         permits=Permits(settings.max_concurrent_requests),
         drain=drain,

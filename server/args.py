@@ -114,6 +114,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("coordinator_address", str, "host:port of process 0 when several processes serve"),
     Flag("num_processes", int, "processes serving one model (1); process 0 serves HTTP"),
     Flag("process_id", int, "this process's index in 0..num_processes-1 (0)"),
+    Flag("max_images", int, "most images in one prompt (8; vision-language models)"),
+    Flag("max_image_bytes", int, "largest image a URL may return, in bytes (20000000)"),
+    Flag("image_fetch_timeout", float, "seconds to fetch an image URL (10)"),
+    Flag("allow_private_image_urls", "switch", "fetch images from private/loopback addresses"),
 )
 
 

@@ -55,8 +55,9 @@ class ChatRequest:
         return self if params is self.params else dataclasses.replace(self, params=params)
 
 
-def _content(f: Fields) -> str:
-    """A message's content as text: chunks flattened, images as markdown (TGI)."""
+def _content(f: Fields) -> str | list[dict[str, str]]:
+    """A message's content: text (text chunks joined), or with images a list of parts
+    ({"type": "text", "text"} and {"type": "image", "url"}) for a vision model's template."""
     content = f.value.get("content")
     if isinstance(content, str):
         return content
@@ -66,15 +67,17 @@ def _content(f: Fields) -> str:
             c = Fields(chunk, "MessageChunk", f"{f.path}.content[{i}]")
             kind = c.required("type", "str")
             if kind == "text":
-                parts.append(c.required("text", "str"))
+                parts.append({"type": "text", "text": c.required("text", "str")})
             elif kind == "image_url":
                 image = c.nested("image_url", "Url") or Fields({}, "Url", c._path("image_url"))
-                parts.append(f"![]({image.required('url', 'str')})")
+                parts.append({"type": "image", "url": image.required("url", "str")})
             else:
                 raise deserialize_error(
                     c._path("type"), f"unknown variant `{kind}`, expected `text` or `image_url`"
                 )
-        return "".join(parts)
+        if all(part["type"] == "text" for part in parts):
+            return "".join(part["text"] for part in parts)
+        return parts
     tool_calls = f.value.get("tool_calls")
     if content is None and isinstance(tool_calls, list):
         return json.dumps(tool_calls, ensure_ascii=False, separators=(",", ":"))
@@ -199,7 +202,51 @@ def _with_tools(tokenizer, chat: ChatRequest, offered: list[Tool]) -> list[dict[
     uses = tools.template_uses_tools(getattr(tokenizer, "chat_template", None))
     suffix = tools.prompt_suffix(offered, chat.tool_prompt, uses)
     last = chat.messages[-1]
-    return [*chat.messages[:-1], {**last, "content": last["content"] + suffix}]
+    content = last["content"]
+    if isinstance(content, list):
+        content = [*content, {"type": "text", "text": suffix}]
+    else:
+        content = content + suffix
+    return [*chat.messages[:-1], {**last, "content": content}]
+
+
+def _vision_messages(messages: list[dict[str, Any]], placeholder: str | None):
+    """Messages for the template with every content a list of parts (vision templates
+    iterate them), and the image URLs in order. A text-only model refuses images."""
+    urls = [
+        part["url"]
+        for m in messages
+        if isinstance(m["content"], list)
+        for part in m["content"]
+        if part["type"] == "image"
+    ]
+    if placeholder is None:
+        if urls:
+            raise errors.validation("this model does not take images: it has no vision encoder")
+        return messages, urls
+    out = []
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        else:
+            content = [{"type": "image"} if p["type"] == "image" else p for p in content]
+        out.append({**m, "content": content})
+    return out, urls
+
+
+def _place_images(text: str, placeholder: str, urls: list[str]) -> str:
+    """The rendered prompt with each image placeholder the template wrote replaced by that
+    image's markdown (what validation reads back, as for /generate)."""
+    pieces = text.split(placeholder)
+    if len(pieces) - 1 != len(urls):
+        raise errors.validation(
+            f"the chat template wrote {len(pieces) - 1} image placeholders for {len(urls)} images"
+        )
+    out = [pieces[0]]
+    for url, piece in zip(urls, pieces[1:], strict=True):
+        out += [f"![]({url.replace(')', '%29')})", piece]
+    return "".join(out)
 
 
 def render(tokenizer, chat: ChatRequest, offered: list[Tool] | None) -> str:
@@ -207,17 +254,21 @@ def render(tokenizer, chat: ChatRequest, offered: list[Tool] | None) -> str:
     offered tools. A final assistant message is continued rather than closed (TGI's
     "continue final message")."""
     messages = chat.messages if offered is None else _with_tools(tokenizer, chat, offered)
+    placeholder = getattr(tokenizer, "image_token", None)  # a vision model's image token
+    messages, urls = _vision_messages(messages, placeholder)
     tools = None if offered is None else [t.openai() for t in offered]
     continue_final = bool(messages) and messages[-1]["role"] == "assistant"
     try:
         if continue_final:
-            return tokenizer.apply_chat_template(
+            text = tokenizer.apply_chat_template(
                 messages, add_generation_prompt=False, tools=tools, continue_final_message=True
             )
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+        else:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     except ValueError as exc:
         if "chat template" in str(exc) or not getattr(tokenizer, "chat_template", True):
             raise errors.template("template not found") from None
         raise errors.template(str(exc)) from None
     except Exception as exc:  # jinja errors, raise_exception() in the template
         raise errors.template(str(exc)) from None
+    return text if placeholder is None else _place_images(text, placeholder, urls)

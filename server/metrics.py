@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Summary
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -157,6 +157,17 @@ class EngineGauges(Collector):
             value=float(self.limits.max_batch_total_tokens),
         )
         yield from expert_gauges(stats)
+        yield from image_counters(getattr(self.engine, "vision", None))
+
+
+def image_counters(vision) -> Iterable[Metric]:
+    """A vision model's images encoded and the encoder's time (tgix.engine.vision_inputs)."""
+    if vision is None:
+        return
+    yield CounterMetricFamily("tgix_images", "Images encoded", value=float(vision.images))
+    yield CounterMetricFamily(
+        "tgix_image_encode_seconds", "Time in the image encoder", value=vision.encode_seconds
+    )
 
 
 def expert_gauges(stats: dict) -> Iterable[Metric]:

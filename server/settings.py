@@ -126,6 +126,11 @@ class Settings:
     num_processes: int = 1
     process_id: int = 0
     data_parallel: int = 1  # tgix: model replicas in this process (each on num_shard devices)
+    # tgix: images in prompts (vision-language models; server/images.py)
+    max_images: int = 8
+    max_image_bytes: int = 20_000_000
+    image_fetch_timeout: float = 10.0
+    allow_private_image_urls: bool = False
 
 
 def _fail(message: str) -> ArgumentError:

@@ -5,6 +5,11 @@ the engine's GenerationRequest.
 Tokenization runs in a pool of `--validation-workers` threads so a 2 MB prompt never blocks
 the event loop (health checks and streams keep flowing). Every failure is an ApiError 422
 with TGI's exact message; the engine only ever sees valid requests.
+
+On a vision-language model, `![](url)` in a prompt is an image (TGI's markdown; the chat
+routes write their `image_url` parts so): the images are fetched on a pool of their own (a
+slow URL holds no tokenizer thread), then the model's processor and image encoder
+(tgix.engine.vision_inputs) give the prompt ids and the image embeddings.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from server import errors
 from server.grammar import compile_grammar
+from server.images import ImageLimits, load_images, split_markdown
 from server.schemas import GenerateParams
 from server.settings import Settings
 from tgix.engine.request import EngineLimits, GenerationRequest, SamplingParams
@@ -45,15 +51,25 @@ class Validator:
     Each pool thread works on its own copy of the tokenizer, as each TGI validation worker
     owns one: a fast tokenizer shared between threads can fail with "Already borrowed"."""
 
-    def __init__(self, tokenizer, limits: EngineLimits, settings: Settings, compiler=None):
+    def __init__(
+        self, tokenizer, limits: EngineLimits, settings: Settings, compiler=None, vision=None
+    ):
         self.shared_tokenizer = tokenizer
         self.limits = limits
         self.settings = settings
         self.compiler = compiler  # tgix.grammar.GrammarCompiler; None: grammars unsupported
+        self.vision = vision  # tgix.engine.vision_inputs.VisionPrompts; None: text only
+        self.image_limits = ImageLimits(
+            max_images=settings.max_images,
+            max_bytes=settings.max_image_bytes,
+            timeout=settings.image_fetch_timeout,
+            allow_private=settings.allow_private_image_urls,
+        )
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(
             max_workers=settings.validation_workers, thread_name_prefix="tgix-validation"
         )
+        self._fetch_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tgix-images")
 
     @property
     def tokenizer(self):
@@ -69,6 +85,7 @@ class Validator:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._fetch_pool.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, fn, *args):
         """Run `fn(tokenizer, *args)` in the validation pool with that thread's tokenizer."""
@@ -168,6 +185,36 @@ class Validator:
             ids = ids[-truncate:]  # TGI keeps the last tokens
         return tuple(ids)
 
+    def _has_images(self, inputs) -> bool:
+        vision = self.vision
+        return (
+            vision is not None
+            and isinstance(inputs, str)
+            and ("![](" in inputs or vision.image_token in inputs)
+        )
+
+    async def _with_images(self, inputs: str, add_special_tokens: bool, truncate: int | None):
+        """(prompt ids, ImageSpans) of a prompt with images (422 for any bad one)."""
+        text, urls = split_markdown(inputs, self.vision.image_token)
+        loop = asyncio.get_running_loop()
+        images = await loop.run_in_executor(self._fetch_pool, load_images, urls, self.image_limits)
+        return await self.run(self._prepare, text, images, add_special_tokens, truncate)
+
+    def _prepare(self, tokenizer, text, images, add_special_tokens, truncate):
+        from tgix.engine.vision_inputs import ImagePromptError
+
+        try:
+            ids, spans = self.vision.prepare(text, images, add_special_tokens=add_special_tokens)
+        except ImagePromptError as exc:
+            raise errors.validation(str(exc)) from None
+        except Exception as exc:  # the processor refused these images: the request's fault
+            raise errors.validation(f"image processor error {exc}") from None
+        if truncate is not None and len(ids) > truncate:
+            if spans is not None:
+                raise errors.validation("`truncate` cannot cut a prompt that holds images")
+            ids = ids[-truncate:]
+        return ids, spans
+
     def _token_ids(self, ids: tuple[int, ...], truncate: int | None) -> tuple[int, ...]:
         """A prompt given as token ids (OpenAI completions): each must be in the vocabulary."""
         vocab = getattr(self.shared_tokenizer, "vocab_size", None)
@@ -193,8 +240,11 @@ class Validator:
                 "`truncate` must be strictly positive and less than "
                 f"{max_input}. Given: {p.truncate}"
             )
+        images = None
         if isinstance(inputs, tuple):
             ids = self._token_ids(inputs, p.truncate)
+        elif self._has_images(inputs):
+            ids, images = await self._with_images(inputs, add_special_tokens, p.truncate)
         else:
             ids = await self.run(self._tokenize, inputs, add_special_tokens, p.truncate)
         input_length = len(ids)
@@ -230,4 +280,5 @@ class Validator:
             best_of=p.best_of or 1,
             grammar=grammar,
             ignore_eos=p.ignore_eos,
+            images=images,
         )

@@ -6,10 +6,15 @@
     for event in llm.stream("Once upon a time", max_new_tokens=16, do_sample=True, seed=1): ...
     llm.generate("Paris as JSON:", grammar={"type": "object", "properties": {...}})  # schema
     llm.generate("A year:", grammar=tgix.grammar.GrammarSpec.regex("1[0-9]{3}"))
+    vlm = tgix.LLM("HuggingFaceTB/SmolVLM-256M-Instruct")     # a vision-language model
+    vlm.generate(vlm.chat_prompt([{"role": "user", "content": [{"type": "image"},
+                 {"type": "text", "text": "What is this?"}]}]), images=[pil_image])
 
 Prompts are strings (tokenized with the model's tokenizer, special tokens added as TGI does)
 or lists of token ids. All prompts of one `generate` call are submitted at once and share
-steps through continuous batching.
+steps through continuous batching. On a vision-language model `images` (PIL images) go with
+a string prompt holding the model's image token once per image (`chat_prompt` writes it;
+several prompts take a list of lists).
 """
 
 from __future__ import annotations
@@ -50,12 +55,28 @@ class LLM:
             loaded, self.tokenizer, limits, options, model_id=model_id or DEFAULT_MODEL_ID
         )
 
-    def _request(self, prompt: str | Sequence[int], kwargs: dict) -> GenerationRequest:
+    def chat_prompt(self, messages: list[dict]) -> str:
+        """The model's chat template over `messages`, ready for a reply (image parts as
+        {"type": "image"} on a vision-language model)."""
+        vision = self.engine.vision
+        if vision is not None:
+            return vision.processor.apply_chat_template(messages, add_generation_prompt=True)
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+    def _request(
+        self, prompt: str | Sequence[int], kwargs: dict, images: Sequence | None = None
+    ) -> GenerationRequest:
         known = _SAMPLING_FIELDS | _REQUEST_FIELDS | {"max_new_tokens", "grammar"}
         unknown = set(kwargs) - known
         if unknown:
             raise TypeError(f"unknown generation arguments: {sorted(unknown)}")
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        spans = None
+        if images:
+            if self.engine.vision is None or not isinstance(prompt, str):
+                raise ValueError("images need a vision-language model and a text prompt")
+            ids, spans = self.engine.vision.prepare(prompt, list(images))
+        else:
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         sampling = SamplingParams(**{k: v for k, v in kwargs.items() if k in _SAMPLING_FIELDS})
         extra = {k: v for k, v in kwargs.items() if k in _REQUEST_FIELDS}
         if "stop" in extra:
@@ -66,6 +87,7 @@ class LLM:
             prompt_ids=tuple(ids),
             max_new_tokens=kwargs.get("max_new_tokens", 20),
             sampling=sampling,
+            images=spans,
             **extra,
         )
 
@@ -80,25 +102,37 @@ class LLM:
         return self.engine.grammar_compiler.compile(spec)
 
     def generate(
-        self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]], **kwargs
+        self,
+        prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
+        *,
+        images: Sequence | None = None,
+        **kwargs,
     ) -> list[Completion]:
         """Completions for each prompt, in order (blocking). Keyword arguments are
         SamplingParams fields plus max_new_tokens, stop, ignore_eos, top_n_tokens,
         prompt_logprobs, best_of and grammar (a tgix.grammar.GrammarSpec or a JSON Schema).
         Raises GenerationError if a request fails, GrammarError if its grammar cannot be
-        compiled."""
+        compiled. `images`: for one prompt a list of images, for several a list per prompt."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        streams = [self.engine.submit(self._request(p, kwargs)) for p in prompts]
+            prompts, images = [prompts], None if images is None else [images]
+        per_prompt = images or [None] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise ValueError(f"{len(per_prompt)} image lists for {len(prompts)} prompts")
+        streams = [
+            self.engine.submit(self._request(p, kwargs, imgs))
+            for p, imgs in zip(prompts, per_prompt, strict=True)
+        ]
         results = []
         for stream in streams:
             *_, final = stream
             results.append(final)
         return results
 
-    def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[TokenEvent | Completion]:
+    def stream(
+        self, prompt: str | Sequence[int], *, images: Sequence | None = None, **kwargs
+    ) -> Iterator[TokenEvent | Completion]:
         """TokenEvents as they are produced, then the Completion."""
-        yield from self.engine.submit(self._request(prompt, kwargs))
+        yield from self.engine.submit(self._request(prompt, kwargs, images))
 
     def close(self) -> None:
         self.engine.shutdown()

@@ -32,6 +32,9 @@ class Tokenizer:
         self.hf = hf_tokenizer
         eos = [hf_tokenizer.eos_token_id] if hf_tokenizer.eos_token_id is not None else []
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys([*eos, *extra_eos_ids]))
+        # a vision model's image placeholder (its processor's image token; set by the engine
+        # factory): chat templates write it where each image goes
+        self.image_token: str | None = None
 
     @property
     def vocab_size(self) -> int:

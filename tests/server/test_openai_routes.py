@@ -118,7 +118,7 @@ def test_chat_non_stream_logprobs_and_eos(http):
                 "role": "user",
                 "content": [
                     {"type": "text", "text": "a"},
-                    {"type": "image_url", "image_url": {"url": "http://x/i.png"}},
+                    {"type": "text", "text": "b"},
                 ],
             }
         ],
@@ -126,10 +126,24 @@ def test_chat_non_stream_logprobs_and_eos(http):
     }
     r = http.post("/v1/chat/completions", json=body)
     choice = r.json()["choices"][0]
-    assert choice["message"]["content"] == "<|user|>a![](http://x/i.png)\n<|assistant|>"
+    assert choice["message"]["content"] == "<|user|>ab\n<|assistant|>"
     assert choice["finish_reason"] == "stop"  # EOS
     content = choice["logprobs"]["content"]
     assert content[-1] == {"token": "</s>", "logprob": -1.53, "top_logprobs": []}
+
+
+def test_chat_images_on_a_text_only_model_are_a_422(http):
+    part = {"type": "image_url", "image_url": {"url": "http://x/i.png"}}
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, part]}]}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 422
+    assert r.json()["error"] == {
+        "code": 422,
+        "message": "Input validation error: this model does not take images: it has no vision "
+        "encoder",
+        "param": None,
+        "type": "validation",
+    }
 
 
 def test_chat_validation_errors_inside_the_stream(http, live):

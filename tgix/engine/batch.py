@@ -25,3 +25,5 @@ class HostStep:
     positions: np.ndarray  # [R] int32
     history: np.ndarray  # [R, L] int32
     masks: np.ndarray | None  # [R, W] uint32 grammar words, or None
+    # a shape with images: (embeddings [T, D] float32, which tokens take them [T] bool)
+    image_embeds: tuple[np.ndarray, np.ndarray] | None = None

@@ -10,6 +10,10 @@ fixed, finite set that the runner compiles ahead of time. Three shape families:
          T = R * (k + 1), every token's logits sampled (the sampler runs T rows)
   sample the sampler per R rows and L history ids (L = 1 when no row uses penalties)
 
+A vision-language model also compiles every fresh and mixed shape a second time with
+`images`: the step then takes image embeddings [T, D] that replace the embeddings of the
+tokens they mark (a prompt row's image tokens), so text-only steps pay nothing for them.
+
 Fresh T buckets step by 2x and 1.5x alternately from 32 (48, 64, 96, 128, ...): a prompt step
 pads by under 1.5x, where the GEMMs' cost follows T (80-token prompts ran in a 128-token
 step, 100 ms, before; 96 now, 82 ms). Decode R and mixed T buckets are powers of two.
@@ -63,7 +67,8 @@ def _smallest(tokens: Sequence[int], rows_of, num_tokens: int, num_rows: int, ki
 class StepShape:
     """One compiled model step: `fresh` (prefill-only) or paged, padded to these sizes.
     `all_logits`: also return every prompt token's logprob (decoder_input_details).
-    `verify`: logits at every token (T of them, not R): decode rows verifying drafts."""
+    `verify`: logits at every token (T of them, not R): decode rows verifying drafts.
+    `images`: the step also takes image embeddings for some of its tokens."""
 
     fresh: bool
     num_tokens: int
@@ -71,6 +76,7 @@ class StepShape:
     pages_per_row: int
     all_logits: bool = False
     verify: bool = False
+    images: bool = False
 
     @property
     def num_samples(self) -> int:
@@ -102,6 +108,7 @@ class Buckets:
     prompt_logprobs: bool
     speculate: int = 0  # draft tokens per row (0: no verify shapes)
     verify_rows: tuple[int, ...] = ()  # R of verify steps (decode rows up to SPECULATE_ROWS)
+    images: bool = False  # a vision-language model: fresh and mixed shapes with images too
 
     @classmethod
     def build(
@@ -116,6 +123,7 @@ class Buckets:
         prompt_logprobs: bool = False,
         speculate: int = 0,
         speculate_rows: int = 0,
+        images: bool = False,
     ) -> Buckets:
         # A recomputed (preempted) request is prefilled whole, up to max_total_tokens; and a
         # prefill of max_batch_size short prompts needs a T with rows_for(T) rows.
@@ -138,6 +146,7 @@ class Buckets:
             prompt_logprobs=prompt_logprobs,
             speculate=speculate,
             verify_rows=_powers(1, speculate_rows) if speculate and speculate_rows else (),
+            images=images,
         )
 
     def rows_for(self, num_tokens: int) -> int:
@@ -157,6 +166,9 @@ class Buckets:
             if self.prompt_logprobs:
                 shapes.append(StepShape(False, t, self.mixed_rows(t), p, all_logits=True))
         shapes += [self.verify_shape(r) for r in self.verify_rows]
+        if self.images:  # prompt shapes again, taking image embeddings
+            prompt = [s for s in shapes if not s.verify and (s.fresh or s.num_tokens > s.num_rows)]
+            shapes += [dataclasses.replace(s, images=True) for s in prompt]
         return shapes
 
     def verify_shape(self, num_rows: int) -> StepShape:
@@ -179,18 +191,33 @@ class Buckets:
         return [(r, length) for r in sorted(rows) for length in self.history]
 
     def shape_for(
-        self, rows: Sequence, *, all_logits: bool = False, verify: bool = False
+        self,
+        rows: Sequence,
+        *,
+        all_logits: bool = False,
+        verify: bool = False,
+        images: bool = False,
     ) -> StepShape:
         """The smallest compiled shape holding these rows (objects with token_ids, start_pos).
-        `verify`: decode rows with drafts (each at most speculate + 1 tokens)."""
+        `verify`: decode rows with drafts (each at most speculate + 1 tokens). `images`: some
+        row's tokens take image embeddings (a prompt shape with images, never a decode one)."""
         if verify:
             return self.verify_shape(len(rows))
+        if images:
+            if not self.images:
+                raise ValueError("a step with image embeddings needs a vision model's shapes")
+            return dataclasses.replace(self._text_shape(rows, all_logits, True), images=True)
+        return self._text_shape(rows, all_logits, False)
+
+    def _text_shape(self, rows: Sequence, all_logits: bool, prompt: bool) -> StepShape:
+        """`prompt`: never the decode shape (a one-token prompt row past a cached prefix
+        runs in a mixed shape then)."""
         num_tokens = sum(len(r.token_ids) for r in rows)
         logits = all_logits and self.prompt_logprobs
         if all(r.start_pos == 0 for r in rows):
             t = _smallest(self.prefill_tokens, self.rows_for, num_tokens, len(rows), "fresh")
             return StepShape(True, t, self.rows_for(t), 0, all_logits=logits)
-        if num_tokens == len(rows):  # every row feeds one token: a decode step
+        if num_tokens == len(rows) and not prompt:  # every row feeds one token: a decode step
             r = bucket_for(len(rows), self.decode_rows)
             return StepShape(False, r, r, self.pages_per_row)
         if not self.mixed_tokens:

@@ -14,7 +14,8 @@ so `num_free + num_cached + num_used == num_pages - 1` at all times (page 0, the
 padding reads and writes, is never handed out, hashed or shared).
 
 A full page's hash chains the previous page's hash, the page's token ids and the request's
-namespace (anything besides tokens that changes KV: adapter, image digests, KV dtype), so a
+namespace (anything besides tokens that changes KV: an adapter, the KV dtype) and, from a
+prompt's first image token on, its images' digest (page_hashes' salt), so a
 page is only ever matched as part of the same whole prefix. Stored token ids are compared on a
 hit, so a hash collision is a miss, never wrong KV. Only full pages are shared: a request never
 writes into a page another request reads (the partial last page of a prompt is recomputed by
@@ -33,19 +34,31 @@ class OutOfPages(RuntimeError):
 
 
 def page_hashes(
-    token_ids: Sequence[int], page_size: int, namespace: str = "", *, start: bytes | None = None
+    token_ids: Sequence[int],
+    page_size: int,
+    namespace: str = "",
+    *,
+    start: bytes | None = None,
+    offset: int = 0,
+    salt: tuple[int, str] | None = None,
 ) -> list[bytes]:
     """Chained content hashes of every full page of `token_ids` (blake2b, 16 bytes each).
 
-    `start` continues a chain (the hash of the page before token_ids[0]); None starts one from
-    the namespace. Cost: one hash per page, ~1 us.
+    `start` continues a chain (the hash of the page before token_ids[0], which sits at
+    position `offset`); None starts one from the namespace. `salt` (position, text) mixes
+    text into every page that ends past that position: a prompt's images salt the pages
+    from the first image token on, so the text before them stays shared with other
+    prompts. Cost: one hash per page, ~1 us.
     """
     parent = start if start is not None else _root(namespace)
+    salt_from, salt_bytes = (None, b"") if salt is None else (salt[0], salt[1].encode())
     out = []
     for i in range(len(token_ids) // page_size):
         page = token_ids[i * page_size : (i + 1) * page_size]
         digest = hashlib.blake2b(parent, digest_size=16)
         digest.update(b"".join(t.to_bytes(4, "little", signed=True) for t in page))
+        if salt_from is not None and offset + (i + 1) * page_size > salt_from:
+            digest.update(salt_bytes)
         parent = digest.digest()
         out.append(parent)
     return out

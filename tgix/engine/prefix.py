@@ -28,7 +28,9 @@ class PrefixIndex:
             return []
         length, digests = seq.lookup_digests
         if length != seq.total_len:
-            digests = page_hashes(seq.all_ids(), self.kv.page_size, seq.namespace)
+            digests = page_hashes(
+                seq.all_ids(), self.kv.page_size, seq.namespace, salt=seq.image_salt
+            )
             seq.lookup_digests = (seq.total_len, digests)
         return digests
 
@@ -71,7 +73,9 @@ class PrefixIndex:
             if min(page_ids) < 0:  # a placeholder (run-ahead): registered once it is known
                 return
             parent = seq.page_digests[-1] if seq.page_digests else None
-            (digest,) = page_hashes(page_ids, ps, seq.namespace, start=parent)
+            (digest,) = page_hashes(
+                page_ids, ps, seq.namespace, start=parent, offset=i * ps, salt=seq.image_salt
+            )
             seq.page_digests.append(digest)
             self.kv.register(seq.pages[i], digest, page_ids)
             if self._pending.get(digest) == seq.request_id:

@@ -53,6 +53,27 @@ class SamplingParams:
         return dataclasses.replace(self, seed=seed)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ImageSpans:
+    """A prompt's images as the decoder sees them: the embeddings that replace its image
+    tokens. `positions` [N] int32 are the prompt positions of the image tokens (ascending),
+    `embeds` [N, D] float32 their rows in the same order (the vision encoder's output);
+    `digest` names the images' pixels (it salts the prompt's prefix-cache hashes: the same
+    tokens over other images are other KV); `count` images in all."""
+
+    positions: Any  # np.ndarray [N] int32
+    embeds: Any  # np.ndarray [N, D] float32
+    digest: str
+    count: int
+
+    def span(self, start: int, end: int):
+        """Indices into positions/embeds of the image tokens at prompt positions [start, end)."""
+        import bisect
+
+        positions = self.positions
+        return bisect.bisect_left(positions, start), bisect.bisect_left(positions, end)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationRequest:
     """A validated request: prompt token ids (already truncated) and how to continue them.
@@ -64,6 +85,7 @@ class GenerationRequest:
     best_of         sample this many sequences sharing the prompt; return the best by mean logprob
     grammar         a compiled grammar (tgix.grammar.TokenIndex): every generated token keeps
                     the output a prefix of its language, EOS only where it is complete
+    images          a vision-language prompt's image embeddings (ImageSpans), or None
     """
 
     prompt_ids: tuple[int, ...]
@@ -76,6 +98,7 @@ class GenerationRequest:
     best_of: int = 1
     grammar: Any = None  # tgix.grammar.TokenIndex (typed loosely: no import cycle)
     request_id: str | None = None  # None: the engine assigns one
+    images: ImageSpans | None = None
 
 
 @dataclass(frozen=True, slots=True)

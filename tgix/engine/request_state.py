@@ -36,6 +36,7 @@ class RequestState:
     request, params, output, emit            the engine's side: settings (seed filled in), the
                                              event builder, where events go (None in host tests)
     namespace          prefix-cache salt: anything besides tokens that changes KV
+    image_salt         (position, digest): the prompt's images salt its pages from there on
     read_cache         False: never start past a cached prefix (prompt logprobs wanted)
     wants_prompt_logprobs  the first prompt row returns every token's logprob
     pages, num_computed, num_cached, page_digests   KV: pages in position order, tokens with
@@ -58,6 +59,7 @@ class RequestState:
     output: RequestOutput | None = None
     emit: Callable[[Sequence], bool] | None = None
     namespace: str = ""
+    image_salt: tuple[int, str] | None = None  # (first image token's position, images' digest)
     read_cache: bool = True
     wants_prompt_logprobs: bool = False
     output_ids: list[int] = dataclasses.field(default_factory=list)
@@ -156,6 +158,7 @@ def new_request_state(
     if params.is_sampling and params.seed is None:
         params = params.with_seed(secrets.randbits(64))
     wants_logprobs = prompt_logprobs_enabled and request.prompt_logprobs
+    images = request.images
     state = RequestState(
         request_id,
         list(request.prompt_ids),
@@ -164,6 +167,7 @@ def new_request_state(
         params=params,
         emit=emit,
         read_cache=not wants_logprobs,  # cached positions have no logits (as in TGI, vLLM)
+        image_salt=None if images is None else (int(images.positions[0]), images.digest),
         wants_prompt_logprobs=wants_logprobs,
     )
     seed = params.seed if params.is_sampling else None

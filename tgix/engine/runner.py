@@ -124,6 +124,7 @@ class Runner:
         device_token_ids: jax.Array | None = None,
         token_masks: Sequence[np.ndarray | None] | None = None,
         verify: bool = False,
+        images: Sequence | None = None,
     ) -> StepOutput:
         """Dispatch one step: rows (PlanRow-like: token_ids, start_pos, pages) and one
         RowSampling per row. Returns device arrays; nothing waits for the device.
@@ -131,8 +132,11 @@ class Runner:
         step's sampled ids, same rows in the same order), so this step can be sent before
         those ids are read back. `token_masks`: per row a grammar's packed allowed-token
         words [W] uint32, or None (unconstrained). `verify`: decode rows with drafts, every
-        token sampled (`sampling` and `token_masks` then hold one entry per token)."""
-        shape = self.config.buckets.shape_for(rows, all_logits=prompt_logprobs, verify=verify)
+        token sampled (`sampling` and `token_masks` then hold one entry per token). `images`:
+        per row its ImageSpans or None (step_inputs.row_images); None for a text-only step."""
+        shape = self.config.buckets.shape_for(
+            rows, all_logits=prompt_logprobs, verify=verify, images=images is not None
+        )
         host = pack_host_step(
             self.attention,
             rows,
@@ -142,6 +146,7 @@ class Runner:
             history_lengths=self.config.buckets.history,
             vocab_size=self.cfg.vocab_size,
             token_masks=token_masks,
+            images=images,
         )
         if self.broadcast is not None:  # other processes run the same step (follower.py)
             self.broadcast(("step", host, device_token_ids is not None))
@@ -159,18 +164,21 @@ class Runner:
             host.positions,
             host.history,
             host.masks,
+            host.image_embeds,
         )
         if self._global_inputs:
             arrays = jax.device_put(arrays, self._replicated)
         # else numpy goes straight to the executables, which copy it in far faster than
         # device_put does (~40 us vs ~300 us for a step's twenty small arrays on CPU)
-        token_ids, md, logits_indices, sampling, positions, history, masks = arrays
+        token_ids, md, logits_indices, sampling, positions, history, masks, embeds = arrays
         if device_token_ids is not None:
             if device_token_ids.shape != token_ids.shape:
                 raise ValueError(f"device ids {device_token_ids.shape} for {token_ids.shape}")
             token_ids = device_token_ids
         self.dispatched_at = time.monotonic()
-        logits, prompt, drafts, load = self.call_model(shape, token_ids, md, logits_indices)
+        logits, prompt, drafts, load = self.call_model(
+            shape, token_ids, md, logits_indices, embeds
+        )
         if masks is not None:
             logits = self.executables.mask_for(shape.num_samples)(logits, masks)
             self.ran.add(("mask", shape.num_samples))
@@ -180,15 +188,19 @@ class Runner:
         self.ran.add(("sampler", (shape.num_samples, host.history_len)))
         return StepOutput(*sampled, *(prompt or (None,) * 3), draft_ids=drafts, expert_load=load)
 
-    def call_model(self, shape: StepShape, token_ids, metadata: dict, logits_indices):
+    def call_model(
+        self, shape: StepShape, token_ids, metadata: dict, logits_indices, image_embeds=None
+    ):
         """The model step alone (KV pages donated and replaced): logits [R, V], the prompt
         scores (logprobs [T], top ids [T, N], top logprobs [T, N]) or None, the Medusa
         heads' drafts [R, M] or None, and an MoE model's expert load [E] or None; device
-        arrays."""
+        arrays. `image_embeds`: (embeddings [T, D], marked [T]) for a shape with images."""
         self.ran.add(("model", shape))
+        extra = () if image_embeds is None else tuple(image_embeds)
         logits, prompt, drafts, load, self.kv = self.executables.model_for(shape)(
-            self._params, token_ids, self.kv, AttentionMetadata(**metadata), logits_indices
-        )
+            self._params, token_ids, self.kv, AttentionMetadata(**metadata), logits_indices,
+            *extra,
+        )  # fmt: skip
         return logits, prompt, drafts, load
 
     @staticmethod

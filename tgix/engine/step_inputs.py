@@ -3,8 +3,9 @@ HostStep that `Runner.dispatch` sends.
 
 `row_inputs` reads them off the rows' RequestStates (the engine thread's side);
 `pack_host_step` pads everything to the step's bucket: the attention backend's `pack` for
-token ids and metadata, sampling_host for the sampler's arrays and histories, and the
-grammar words (all allowed for rows without one). Kept apart from the Runner, which owns the
+token ids and metadata, sampling_host for the sampler's arrays and histories, the grammar
+words (all allowed for rows without one), and a vision prompt's image embeddings at its
+image tokens (`row_images`). Kept apart from the Runner, which owns the
 device state, so what a dispatch sends (and what process 0 broadcasts) is built in one place.
 """
 
@@ -102,6 +103,36 @@ def verify_inputs(
     return sampling, masks
 
 
+def row_images(rows: Sequence, seqs: Sequence[RequestState | None]) -> list | None:
+    """Per row the ImageSpans of a prompt row whose tokens include image tokens, else None;
+    None when no row has any (a text-only step)."""
+    spans = []
+    for row, seq in zip(rows, seqs, strict=True):
+        images = None if seq is None or seq.request is None else seq.request.images
+        if images is not None and row.is_prompt:
+            lo, hi = images.span(row.start_pos, row.end_pos)
+            images = images if hi > lo else None
+        spans.append(images if row.is_prompt else None)
+    return spans if any(s is not None for s in spans) else None
+
+
+def _pack_images(rows: Sequence, images: Sequence, cu_q_lens: np.ndarray, num_tokens: int):
+    """The step's image embeddings [T, D] float32 (zero where a token has none) and which
+    tokens take them [T] bool: row i's token at position p sits at cu_q_lens[i] + p -
+    start_pos on the token axis."""
+    width = next(s.embeds.shape[1] for s in images if s is not None)
+    embeds = np.zeros((num_tokens, width), np.float32)
+    marked = np.zeros(num_tokens, np.bool_)
+    for i, (row, spans) in enumerate(zip(rows, images, strict=True)):
+        if spans is None:
+            continue
+        lo, hi = spans.span(row.start_pos, row.end_pos)
+        at = cu_q_lens[i] + spans.positions[lo:hi] - row.start_pos
+        embeds[at] = spans.embeds[lo:hi]
+        marked[at] = True
+    return embeds, marked
+
+
 def pack_host_step(
     backend: AttentionBackend,
     rows: Sequence,
@@ -112,11 +143,13 @@ def pack_host_step(
     history_lengths: Sequence[int],
     vocab_size: int,
     token_masks: Sequence[np.ndarray | None] | None = None,
+    images: Sequence | None = None,
 ) -> HostStep:
     """Rows (PlanRow-like: token_ids, start_pos, pages) and one RowSampling per row (per
     token for a verify shape) -> the HostStep of `shape`. `history_lengths`: the buckets'
     history lengths (the shortest unless a row uses penalties or a watermark);
-    `token_masks`: per row (per token) packed words [W] uint32 or None."""
+    `token_masks`: per row (per token) packed words [W] uint32 or None; `images`: per row
+    ImageSpans or None (row_images; a shape with `images`)."""
     packed = backend.pack(
         rows,
         page_size=page_size,
@@ -129,6 +162,9 @@ def pack_host_step(
     positions = np.zeros(samples, np.int32)
     positions[: len(sampling)] = [s.position for s in sampling]
     logits_indices = shape.logits_indices(packed["logits_indices"])
+    embeds = None
+    if shape.images:
+        embeds = _pack_images(rows, images, packed["cu_q_lens"], shape.num_tokens)
     return HostStep(
         shape=shape,
         history_len=history_len,
@@ -139,6 +175,7 @@ def pack_host_step(
         positions=positions,
         history=pack_history([s.history for s in sampling], samples, history_len),
         masks=_pack_masks(token_masks, samples, vocab_size),
+        image_embeds=embeds,
     )
 
 

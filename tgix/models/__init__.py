@@ -36,6 +36,7 @@ from tgix.models.quant_group import (
     default_form,
     group_abstract,
 )
+from tgix.models.vlm import TextModelSource, load_vision, vision_checkpoint
 from tgix.models.weights import grouped_layouts, load_weights
 from tgix.sharding import check_fits, kv_repeats, mesh_for_model
 from tgix.sharding.rules import expert_axis
@@ -80,6 +81,8 @@ class LoadedModel:
     medusa: MedusaConfig | None = None  # the Medusa folder whose heads the model carries
     quantize: str | None = None  # its linear layers' quantization (load-time or checkpoint's)
     quantize_form: str | None = None  # a pre-quantized checkpoint's: quant_group.GROUPED_FORMS
+    vision: object | None = None  # a VLM's image encoder (tgix/models/vision/), else None
+    vision_model_type: str | None = None  # its checkpoint's model_type (idefics3, smolvlm)
 
     @property
     def weight_bytes(self) -> int:
@@ -144,6 +147,9 @@ def load_model(
             raise CheckpointError(f"{files.path} has no config.json")
         hf_config = json.loads(config_file.read_text())
         source = SafetensorsSource(files.path)
+    vlm = vision_checkpoint(hf_config)
+    if vlm is not None:  # the decoder inside a vision-language checkpoint
+        hf_config, source = vlm.text_config, TextModelSource(source, vlm.text_prefix)
     spec = read_spec(hf_config, files.path) if files.kind == "safetensors" else None
     quantize = check_flag(spec, quantize)
     form = None  # how pre-quantized layers run (quant_group.GROUPED_FORMS)
@@ -190,6 +196,9 @@ def load_model(
             medusa, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, mesh=mesh, dtype=dtype
         )
         model.medusa = nnx.data(heads)  # a submodule: its parameters join the model's state
+    vision = None
+    if vlm is not None:
+        vision = load_vision(vlm.model_type, files.path, dtype=dtype)
     return LoadedModel(
         model=model,
         config=cfg,
@@ -199,6 +208,8 @@ def load_model(
         medusa=medusa,
         quantize=quantize,
         quantize_form=form,
+        vision=vision,
+        vision_model_type=None if vlm is None else vlm.model_type,
     )
 
 

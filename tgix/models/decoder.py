@@ -151,11 +151,14 @@ class CausalLM(nnx.Module):
         fresh_rows: bool = False,
         tokenwise_rope: bool = False,
         with_load: bool = False,
+        image_embeds: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple:
         """The final normed hidden states [T, D] (or [R, D] at `logits_indices`), new KV
         pages (x, pages): what the LM head and any Medusa heads (tgix/models/medusa.py)
         read. With `with_load` (static) (x, pages, load): also the expert load, routed
-        assignments per expert [E] int32 summed over the MoE layers (None if dense)."""
+        assignments per expert [E] int32 summed over the MoE layers (None if dense).
+        `image_embeds` (embeddings [T, D] float32, marked [T] bool): a vision prompt's image
+        features replace the token embeddings where marked (its image tokens)."""
         context_lens = md.positions + 1 if tokenwise_rope else md.kv_lens[md.token_rows]  # [T]
         cfg = self.cfg
         ropes = (  # cos, sin [T, H'] each, of the rope and of the sliding layers' own
@@ -163,6 +166,9 @@ class CausalLM(nnx.Module):
             cfg.local_rope and rope_cos_sin(cfg, md.positions, context_lens, cfg.local_rope),
         )
         x = self.embed_tokens(token_ids)  # [T, D]
+        if image_embeds is not None:
+            embeds, marked = image_embeds
+            x = jnp.where(marked[:, None], embeds.astype(x.dtype), x)
         new_pages, loads = [], []
         for layer, kv in zip(self.layers, kv_pages, strict=True):
             x, kv, load = layer(x, ropes, kv, md, fresh_rows)
