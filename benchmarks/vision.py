@@ -11,7 +11,7 @@ transformers' own class. The processor's longest edge (`--longest-edge`, the rea
 is 2048) sets how many tiles one image becomes: 1024 -> 2 x 2 tiles + the global one.
 
 - encoder: tgix's compiled ImageEncoder (tgix/models/vision/encoder.py) and transformers'
-  `get_image_features` on the same processed pixels.
+  `get_image_features` (its default attention, sdpa) on the same processed pixels.
 - TTFT: processor + encoder + prefill until the first token: tgix through the engine
   (`VisionPrompts.prepare`, then `engine.submit`, first event), transformers
   `processor(...)` then `generate(max_new_tokens=1)`.
@@ -47,11 +47,11 @@ def image(seed: int, size=(768, 1024)):
 
 def measure(folder: str, args) -> dict:
     import torch
+    from transformers import AutoModelForImageTextToText
 
     from tgix import LLM
     from tgix.engine.factory import EngineOptions
     from tgix.engine.limits import LimitRequest
-    from tgix.testing_vlm import load_reference_vlm
 
     limits = LimitRequest(max_total_tokens=2048, max_batch_prefill_tokens=2048,
                           max_batch_total_tokens=4096, max_batch_size=2)  # fmt: skip
@@ -59,7 +59,7 @@ def measure(folder: str, args) -> dict:
     llm = LLM(folder, limits=limits, options=EngineOptions(progress=False))
     construct = time.perf_counter() - start
     vision = llm.engine.vision
-    reference = load_reference_vlm(folder)
+    reference = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     torch.set_num_threads(2)
     parts = [{"type": "image"}, {"type": "text", "text": "What is in this image?"}]
     prompt = llm.chat_prompt([{"role": "user", "content": parts}])

@@ -25,5 +25,6 @@ class HostStep:
     positions: np.ndarray  # [R] int32
     history: np.ndarray  # [R, L] int32
     masks: np.ndarray | None  # [R, W] uint32 grammar words, or None
-    # a shape with images: (embeddings [T, D] float32, which tokens take them [T] bool)
-    image_embeds: tuple[np.ndarray, np.ndarray] | None = None
+    # what some models' steps take besides: "image_embeds" [T, D] float32 and "image_marks"
+    # [T] bool (a shape with images), "rope_positions" [3, T] int32 (an M-RoPE model)
+    extras: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)

@@ -45,7 +45,7 @@ from tgix.engine.runahead import (
 from tgix.engine.runner import Runner
 from tgix.engine.scheduler import Scheduler
 from tgix.engine.speculate import MedusaProposer, NgramProposer, Proposer, plan_draft
-from tgix.engine.step_inputs import row_images, row_inputs
+from tgix.engine.step_inputs import request_images, row_inputs
 from tgix.engine.stream import RequestStream
 
 __all__ = ["NO_ROOM", "PREWARM_AFTER_S", "Engine", "StepHook"]
@@ -242,7 +242,7 @@ class Engine:
                 device_token_ids=token_ids,
                 token_masks=masks,
                 verify=plan.verify,
-                images=None if plan.verify else row_images(rows, seqs),
+                images=request_images(seqs),
             )
         except Exception as exc:  # a failed step ends its requests, not the engine
             logger.exception("step failed")

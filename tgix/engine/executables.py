@@ -90,26 +90,30 @@ class StepExecutables:
     def _spec(self, shape, dtype=jnp.int32):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=self._replicated)
 
-    def _model_step(self, params, token_ids, kv, md, logits_indices, *images, shape):
+    def _model_step(self, params, token_ids, kv, md, logits_indices, extras, *, shape):
         """Logits [R, V] ([T, V] for a verify shape) (and the prompt scores: logprobs [T],
         top-n ids and logprobs [T, N]) come out replicated: on a mesh the LM head leaves V
         split over "model", and the sampler, the mask and every process's read-back take
         whole rows. With Medusa heads, steps of at most `draft_head_rows` rows also give
         the heads' drafts [R, M] at each sampled position (tgix/models/medusa.py). An MoE
-        model also gives its expert load [E] (tgix/models/moe.py), else None. A shape with
-        images takes `images`: (embeddings [T, D] float32, marked [T] bool)."""
+        model also gives its expert load [E] (tgix/models/moe.py), else None. `extras`
+        (HostStep.extras): a shape with images takes image_embeds [T, D] and image_marks
+        [T]; an M-RoPE model rope_positions [3, T]."""
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._params_def, params))
         whole = lambda a: jax.lax.with_sharding_constraint(a, self._replicated)
+        images = None
+        if "image_embeds" in extras:
+            images = (extras["image_embeds"], extras["image_marks"])
+        more = dict(image_embeds=images, rope_positions=extras.get("rope_positions"))
         if not shape.all_logits:
             x, kv, load = model.hidden_states(
                 token_ids, kv, md, logits_indices, fresh_rows=shape.fresh,
-                tokenwise_rope=shape.verify, with_load=True, image_embeds=images or None,
+                tokenwise_rope=shape.verify, with_load=True, **more,
             )  # fmt: skip
             logits, prompt = model.logits(x), None
         else:
             x, kv, load = model.hidden_states(
-                token_ids, kv, md, None, fresh_rows=shape.fresh, with_load=True,
-                image_embeds=images or None,
+                token_ids, kv, md, None, fresh_rows=shape.fresh, with_load=True, **more,
             )  # fmt: skip
             all_logits = model.logits(x)  # [T, V]
             next_ids = jnp.roll(token_ids, -1)  # prompt_lp[t] scores token t + 1
@@ -158,17 +162,19 @@ class StepExecutables:
             page_table=self._spec((r, p)),
         )
         fn = jax.jit(functools.partial(self._model_step, shape=shape), donate_argnums=(2,))
-        images = ()
+        extras = {}
         if shape.images:  # embeddings [T, D] and which tokens take them [T]
-            width = self.cfg.hidden_size
-            images = (self._spec((t, width), jnp.float32), self._spec((t,), jnp.bool_))
+            extras["image_embeds"] = self._spec((t, self.cfg.hidden_size), jnp.float32)
+            extras["image_marks"] = self._spec((t,), jnp.bool_)
+        if self.cfg.mrope_section:
+            extras["rope_positions"] = self._spec((3, t))
         return fn.lower(
             [_as_spec(p) for p in self._params],
             self._spec((t,)),
             self._kv,
             md,
             self._spec((shape.num_samples,)),
-            *images,
+            extras,
         )
 
     def _compile_sampler(self, rows: int, history: int):

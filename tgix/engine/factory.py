@@ -30,6 +30,7 @@ from tgix.engine.runner import Runner, RunnerConfig
 from tgix.engine.scheduler import Scheduler, SchedulerConfig
 from tgix.engine.speculate import speculate_for, speculate_rows
 from tgix.models import LoadedModel
+from tgix.models.vision.serving import vision_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ def create_engine(
         mask_ahead=ahead_from_env(accelerator=jax.default_backend() != "cpu"),
     )
     engine.grammar_compiler = _grammar_compiler(tokenizer, cfg.vocab_size, options)
-    engine.vision = _vision_prompts(loaded, tokenizer, compile=options.compile)
+    engine.vision = vision_prompts(loaded, tokenizer, compile=options.compile)
     engine.quantize = loaded.quantize  # /info: the effective method (a checkpoint's included)
     engine.kv_dtype = kv_dtype.name  # /info
     engine.warmup(run_request=options.warmup)
@@ -267,30 +268,6 @@ def _grammar_compiler(tokenizer, logit_width: int, options: EngineOptions):
     if options.grammar_workers > 0:
         threading.Thread(target=compiler.warm_up, name="tgix-grammar-warmup", daemon=True).start()
     return compiler
-
-
-def _vision_prompts(loaded: LoadedModel, tokenizer, *, compile: bool):
-    """A VLM's prompt side (processor + compiled image encoder), or None for a text model.
-    The tokenizer learns the image token (the chat templates write it for each image)."""
-    if loaded.vision is None:
-        return None
-    from transformers import AutoProcessor
-
-    from tgix.engine.vision_inputs import VisionPrompts
-    from tgix.models.vision.encoder import ImageEncoder
-
-    processor = AutoProcessor.from_pretrained(loaded.files.path)
-    encoder = ImageEncoder(loaded.vision)
-    if compile:
-        encoder.compile_all()
-    image_token = processor.image_token
-    tokenizer.image_token = image_token
-    image_token_id = tokenizer.encode(image_token, add_special_tokens=False)
-    if len(image_token_id) != 1:
-        raise ValueError(f"the image token {image_token!r} is not one token")
-    return VisionPrompts(
-        processor, encoder, image_token=image_token, image_token_id=image_token_id[0]
-    )
 
 
 def _param_dtype(loaded: LoadedModel):

@@ -113,7 +113,13 @@ def _model(runner, shape: StepShape) -> None:
         )
         metadata = {k: packed[k] for k in METADATA_FIELDS}
         indices = shape.logits_indices(packed["logits_indices"])
-        logits, *_ = runner.call_model(shape, packed["token_ids"], metadata, indices)
+        extras = {}
+        if shape.images:  # nothing marked: the token embeddings stand
+            extras["image_embeds"] = np.zeros((t, runner.cfg.hidden_size), np.float32)
+            extras["image_marks"] = np.zeros(t, np.bool_)
+        if runner.cfg.mrope_section:
+            extras["rope_positions"] = np.stack([packed["positions"]] * 3)
+        logits, *_ = runner.call_model(shape, packed["token_ids"], metadata, indices, extras)
         logits.block_until_ready()
 
 

@@ -59,12 +59,16 @@ class ImageSpans:
     tokens. `positions` [N] int32 are the prompt positions of the image tokens (ascending),
     `embeds` [N, D] float32 their rows in the same order (the vision encoder's output);
     `digest` names the images' pixels (it salts the prompt's prefix-cache hashes: the same
-    tokens over other images are other KV); `count` images in all."""
+    tokens over other images are other KV); `count` images in all. An M-RoPE model (Qwen2.5-
+    VL) also has `rope_positions` [3, L] int32, each prompt token's (time, height, width)
+    positions, and `rope_delta`: a later token at index i sits at i + rope_delta."""
 
     positions: Any  # np.ndarray [N] int32
     embeds: Any  # np.ndarray [N, D] float32
     digest: str
     count: int
+    rope_positions: Any = None  # np.ndarray [3, L] int32, or None
+    rope_delta: int = 0
 
     def span(self, start: int, end: int):
         """Indices into positions/embeds of the image tokens at prompt positions [start, end)."""

@@ -30,7 +30,7 @@ from tgix.engine.buckets import Buckets, StepShape
 from tgix.engine.executables import StepExecutables, enable_compilation_cache
 from tgix.engine.kv_cache import init_kv_pages
 from tgix.engine.sampling import SamplingArrays
-from tgix.engine.step_inputs import RowSampling, pack_host_step
+from tgix.engine.step_inputs import RowSampling, pack_host_step, prompt_images
 from tgix.models import LoadedModel
 
 __all__ = ["RowSampling", "Runner", "RunnerConfig", "StepOutput", "enable_compilation_cache"]
@@ -133,10 +133,15 @@ class Runner:
         those ids are read back. `token_masks`: per row a grammar's packed allowed-token
         words [W] uint32, or None (unconstrained). `verify`: decode rows with drafts, every
         token sampled (`sampling` and `token_masks` then hold one entry per token). `images`:
-        per row its ImageSpans or None (step_inputs.row_images); None for a text-only step."""
+        per row its request's ImageSpans or None (step_inputs.request_images); None when no
+        row's request has images."""
+        in_prompt = None if verify else prompt_images(rows, images)
         shape = self.config.buckets.shape_for(
-            rows, all_logits=prompt_logprobs, verify=verify, images=images is not None
+            rows, all_logits=prompt_logprobs, verify=verify, images=in_prompt is not None
         )
+        rope_rows = None
+        if self.cfg.mrope_section:  # every step of an M-RoPE model takes rope_positions
+            rope_rows = images or [None] * len(rows)
         host = pack_host_step(
             self.attention,
             rows,
@@ -146,7 +151,8 @@ class Runner:
             history_lengths=self.config.buckets.history,
             vocab_size=self.cfg.vocab_size,
             token_masks=token_masks,
-            images=images,
+            images=in_prompt,
+            rope_rows=rope_rows,
         )
         if self.broadcast is not None:  # other processes run the same step (follower.py)
             self.broadcast(("step", host, device_token_ids is not None))
@@ -164,21 +170,19 @@ class Runner:
             host.positions,
             host.history,
             host.masks,
-            host.image_embeds,
+            host.extras,
         )
         if self._global_inputs:
             arrays = jax.device_put(arrays, self._replicated)
         # else numpy goes straight to the executables, which copy it in far faster than
         # device_put does (~40 us vs ~300 us for a step's twenty small arrays on CPU)
-        token_ids, md, logits_indices, sampling, positions, history, masks, embeds = arrays
+        token_ids, md, logits_indices, sampling, positions, history, masks, extras = arrays
         if device_token_ids is not None:
             if device_token_ids.shape != token_ids.shape:
                 raise ValueError(f"device ids {device_token_ids.shape} for {token_ids.shape}")
             token_ids = device_token_ids
         self.dispatched_at = time.monotonic()
-        logits, prompt, drafts, load = self.call_model(
-            shape, token_ids, md, logits_indices, embeds
-        )
+        logits, prompt, drafts, load = self.call_model(shape, token_ids, md, logits_indices, extras)
         if masks is not None:
             logits = self.executables.mask_for(shape.num_samples)(logits, masks)
             self.ran.add(("mask", shape.num_samples))
@@ -188,18 +192,15 @@ class Runner:
         self.ran.add(("sampler", (shape.num_samples, host.history_len)))
         return StepOutput(*sampled, *(prompt or (None,) * 3), draft_ids=drafts, expert_load=load)
 
-    def call_model(
-        self, shape: StepShape, token_ids, metadata: dict, logits_indices, image_embeds=None
-    ):
+    def call_model(self, shape: StepShape, token_ids, metadata: dict, logits_indices, extras=None):
         """The model step alone (KV pages donated and replaced): logits [R, V], the prompt
         scores (logprobs [T], top ids [T, N], top logprobs [T, N]) or None, the Medusa
         heads' drafts [R, M] or None, and an MoE model's expert load [E] or None; device
-        arrays. `image_embeds`: (embeddings [T, D], marked [T]) for a shape with images."""
+        arrays. `extras`: HostStep.extras (image embeddings, M-RoPE positions) or None."""
         self.ran.add(("model", shape))
-        extra = () if image_embeds is None else tuple(image_embeds)
         logits, prompt, drafts, load, self.kv = self.executables.model_for(shape)(
             self._params, token_ids, self.kv, AttentionMetadata(**metadata), logits_indices,
-            *extra,
+            extras or {},
         )  # fmt: skip
         return logits, prompt, drafts, load
 

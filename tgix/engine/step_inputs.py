@@ -103,16 +103,24 @@ def verify_inputs(
     return sampling, masks
 
 
-def row_images(rows: Sequence, seqs: Sequence[RequestState | None]) -> list | None:
-    """Per row the ImageSpans of a prompt row whose tokens include image tokens, else None;
-    None when no row has any (a text-only step)."""
+def request_images(seqs: Sequence[RequestState | None]) -> list | None:
+    """Per row its request's ImageSpans or None; None when no row's request has images."""
+    spans = [None if s is None or s.request is None else s.request.images for s in seqs]
+    return spans if any(s is not None for s in spans) else None
+
+
+def prompt_images(rows: Sequence, images: Sequence | None) -> list | None:
+    """Per row (PlanRow-like) the ImageSpans of a prompt row whose tokens include image
+    tokens, else None; None when no row has any (a text-only step)."""
+    if images is None:
+        return None
     spans = []
-    for row, seq in zip(rows, seqs, strict=True):
-        images = None if seq is None or seq.request is None else seq.request.images
-        if images is not None and row.is_prompt:
-            lo, hi = images.span(row.start_pos, row.end_pos)
-            images = images if hi > lo else None
-        spans.append(images if row.is_prompt else None)
+    for row, spans_of in zip(rows, images, strict=True):
+        keep = spans_of is not None and getattr(row, "is_prompt", True)
+        if keep:
+            lo, hi = spans_of.span(row.start_pos, row.end_pos)
+            keep = hi > lo
+        spans.append(spans_of if keep else None)
     return spans if any(s is not None for s in spans) else None
 
 
@@ -133,6 +141,26 @@ def _pack_images(rows: Sequence, images: Sequence, cu_q_lens: np.ndarray, num_to
     return embeds, marked
 
 
+def _rope_positions(rows: Sequence, spans: Sequence, packed: dict) -> np.ndarray:
+    """An M-RoPE model's positions [3, T] int32: a prompt token of a request with images has
+    its three rows from ImageSpans.rope_positions; every later token sits at its position +
+    the request's rope delta on all three (text-only requests: delta 0, the plain rope)."""
+    positions = np.broadcast_to(packed["positions"], (3, len(packed["positions"]))).copy()
+    starts = packed["cu_q_lens"]
+    for i, (row, images) in enumerate(zip(rows, spans, strict=True)):
+        if images is None or images.rope_positions is None:
+            continue
+        at = slice(starts[i], starts[i] + len(row.token_ids))
+        prompt_len = images.rope_positions.shape[1]
+        own = np.arange(row.start_pos, row.end_pos)
+        rows3 = own + images.rope_delta  # generated tokens (and a recompute's)
+        rows3 = np.broadcast_to(rows3, (3, len(own))).copy()
+        in_prompt = own < prompt_len
+        rows3[:, in_prompt] = images.rope_positions[:, own[in_prompt]]
+        positions[:, at] = rows3
+    return positions.astype(np.int32)
+
+
 def pack_host_step(
     backend: AttentionBackend,
     rows: Sequence,
@@ -144,12 +172,14 @@ def pack_host_step(
     vocab_size: int,
     token_masks: Sequence[np.ndarray | None] | None = None,
     images: Sequence | None = None,
+    rope_rows: Sequence | None = None,
 ) -> HostStep:
     """Rows (PlanRow-like: token_ids, start_pos, pages) and one RowSampling per row (per
     token for a verify shape) -> the HostStep of `shape`. `history_lengths`: the buckets'
     history lengths (the shortest unless a row uses penalties or a watermark);
     `token_masks`: per row (per token) packed words [W] uint32 or None; `images`: per row
-    ImageSpans or None (row_images; a shape with `images`)."""
+    ImageSpans or None (row_images; a shape with `images`); `rope_rows`: an M-RoPE model's
+    rows' ImageSpans (their requests' images, any row kind) or None, for rope_positions."""
     packed = backend.pack(
         rows,
         page_size=page_size,
@@ -162,9 +192,13 @@ def pack_host_step(
     positions = np.zeros(samples, np.int32)
     positions[: len(sampling)] = [s.position for s in sampling]
     logits_indices = shape.logits_indices(packed["logits_indices"])
-    embeds = None
+    extras = {}
     if shape.images:
-        embeds = _pack_images(rows, images, packed["cu_q_lens"], shape.num_tokens)
+        extras["image_embeds"], extras["image_marks"] = _pack_images(
+            rows, images, packed["cu_q_lens"], shape.num_tokens
+        )
+    if rope_rows is not None:
+        extras["rope_positions"] = _rope_positions(rows, rope_rows, packed)
     return HostStep(
         shape=shape,
         history_len=history_len,
@@ -175,7 +209,7 @@ def pack_host_step(
         positions=positions,
         history=pack_history([s.history for s in sampling], samples, history_len),
         masks=_pack_masks(token_masks, samples, vocab_size),
-        image_embeds=embeds,
+        extras=extras,
     )
 
 

@@ -28,7 +28,8 @@ class VisionPrompts:
     """`processor`: the model's transformers processor; `encode(pixels: dict) -> [N, D]
     float32`, the image features in the order of the image tokens; `image_token` is the
     processor's placeholder text (e.g. `<image>`) and `image_token_id` the id every
-    expanded image position carries."""
+    expanded image position carries. `rope(ids, pixels) -> (positions [3, L], delta)`: an
+    M-RoPE model's (time, height, width) position rows of the prompt (Qwen2.5-VL)."""
 
     def __init__(
         self,
@@ -37,11 +38,13 @@ class VisionPrompts:
         *,
         image_token: str,
         image_token_id: int,
+        rope: Callable[[np.ndarray, dict], tuple[np.ndarray, int]] | None = None,
     ):
         self.processor = processor
         self.encode = encode
         self.image_token = image_token
         self.image_token_id = image_token_id
+        self.rope = rope
         self._lock = threading.Lock()
         self.images = 0  # images encoded so far
         self.encode_seconds = 0.0
@@ -62,7 +65,7 @@ class VisionPrompts:
             text=[text], images=[images], return_tensors="np", add_special_tokens=add_special_tokens
         )
         ids = np.asarray(batch["input_ids"][0], np.int64)
-        pixels = {k: np.asarray(v[0]) for k, v in batch.items() if k not in _TEXT_KEYS}
+        pixels = {k: np.asarray(v) for k, v in batch.items() if k not in _TEXT_KEYS}
         start = time.perf_counter()
         embeds = np.asarray(self.encode(pixels), np.float32)
         elapsed = time.perf_counter() - start
@@ -77,8 +80,17 @@ class VisionPrompts:
         with self._lock:
             self.images += len(images)
             self.encode_seconds += elapsed
+        rope_positions, rope_delta = None, 0
+        if self.rope is not None:
+            rope_positions, rope_delta = self.rope(ids, pixels)
+            rope_positions = np.asarray(rope_positions, np.int32)
         spans = ImageSpans(
-            positions=positions, embeds=embeds, digest=digest.hexdigest(), count=len(images)
+            positions=positions,
+            embeds=embeds,
+            digest=digest.hexdigest(),
+            count=len(images),
+            rope_positions=rope_positions,
+            rope_delta=int(rope_delta),
         )
         return tuple(int(i) for i in ids), spans
 

@@ -149,7 +149,7 @@ def load_model(
         source = SafetensorsSource(files.path)
     vlm = vision_checkpoint(hf_config)
     if vlm is not None:  # the decoder inside a vision-language checkpoint
-        hf_config, source = vlm.text_config, TextModelSource(source, vlm.text_prefix)
+        hf_config, source = vlm.text_config, TextModelSource(source, vlm.text_prefixes)
     spec = read_spec(hf_config, files.path) if files.kind == "safetensors" else None
     quantize = check_flag(spec, quantize)
     form = None  # how pre-quantized layers run (quant_group.GROUPED_FORMS)

@@ -41,6 +41,9 @@ class ModelConfig:
     rope: RopeConfig = dataclasses.field(default_factory=RopeConfig)
     local_rope: RopeConfig | None = None  # Gemma 3: the sliding layers' rope (None: `rope`)
     rotary_dim: int | None = None  # partial rotary (Phi-4-mini): the first dims; None = H
+    # Qwen2.5-VL's M-RoPE: the H/2 frequency slots split over (time, height, width) position
+    # rows, in this many slots each; None = one position per token
+    mrope_section: tuple[int, ...] | None = None
     max_position: int = 2048  # max_position_embeddings
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2, or Llama's attention_bias (also sets o_proj bias there)

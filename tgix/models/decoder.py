@@ -20,7 +20,7 @@ from tgix.attention.backend import AttentionBackend, backend
 from tgix.attention.contract import AttentionMetadata, LayerKV
 from tgix.models.attention_block import PagedAttention
 from tgix.models.config import ModelConfig
-from tgix.models.layers import GatedMLP, norm, rope_cos_sin
+from tgix.models.layers import GatedMLP, mrope_cos_sin, norm, rope_cos_sin
 from tgix.models.moe import SparseMoE
 
 
@@ -152,19 +152,27 @@ class CausalLM(nnx.Module):
         tokenwise_rope: bool = False,
         with_load: bool = False,
         image_embeds: tuple[jax.Array, jax.Array] | None = None,
+        rope_positions: jax.Array | None = None,
     ) -> tuple:
         """The final normed hidden states [T, D] (or [R, D] at `logits_indices`), new KV
         pages (x, pages): what the LM head and any Medusa heads (tgix/models/medusa.py)
         read. With `with_load` (static) (x, pages, load): also the expert load, routed
         assignments per expert [E] int32 summed over the MoE layers (None if dense).
         `image_embeds` (embeddings [T, D] float32, marked [T] bool): a vision prompt's image
-        features replace the token embeddings where marked (its image tokens)."""
+        features replace the token embeddings where marked (its image tokens).
+        `rope_positions` [3, T] int32: an M-RoPE model's (time, height, width) positions
+        (tgix/models/layers.mrope_cos_sin); None: md.positions on every row."""
         context_lens = md.positions + 1 if tokenwise_rope else md.kv_lens[md.token_rows]  # [T]
         cfg = self.cfg
-        ropes = (  # cos, sin [T, H'] each, of the rope and of the sliding layers' own
-            rope_cos_sin(cfg, md.positions, context_lens),
-            cfg.local_rope and rope_cos_sin(cfg, md.positions, context_lens, cfg.local_rope),
-        )
+        if cfg.mrope_section:
+            if rope_positions is None:
+                rope_positions = jnp.broadcast_to(md.positions, (3, *md.positions.shape))
+            ropes = (mrope_cos_sin(cfg, rope_positions, context_lens), None)
+        else:
+            ropes = (  # cos, sin [T, H'] each, of the rope and of the sliding layers' own
+                rope_cos_sin(cfg, md.positions, context_lens),
+                cfg.local_rope and rope_cos_sin(cfg, md.positions, context_lens, cfg.local_rope),
+            )
         x = self.embed_tokens(token_ids)  # [T, D]
         if image_embeds is not None:
             embeds, marked = image_embeds

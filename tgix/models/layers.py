@@ -187,6 +187,19 @@ def rope_cos_sin(
     return jnp.cos(angles) * scale, jnp.sin(angles) * scale
 
 
+def mrope_cos_sin(
+    cfg: ModelConfig, positions: jax.Array, context_lens: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Qwen2.5-VL's M-RoPE: cos, sin [T, H] for positions [3, T] (time, height, width): the
+    rope of each row, frequency slot j taken from the row its mrope_section part names (as
+    transformers' Qwen2_5_VLRotaryEmbedding); equal rows give the plain rope."""
+    rows = [rope_cos_sin(cfg, positions[r], context_lens) for r in range(3)]  # [T, H] each
+    part = np.repeat(np.arange(len(cfg.mrope_section)) % 3, cfg.mrope_section)  # [H/2]
+    part = jnp.asarray(np.concatenate([part, part]))  # [H]: the halves rotate together
+    pick = lambda i: jnp.where(part == 0, rows[0][i], jnp.where(part == 1, rows[1][i], rows[2][i]))
+    return pick(0), pick(1)
+
+
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """Rotate-half rope on [T, heads, H] with cos/sin [T, H'] (H' <= H: partial rotary
     rotates the first H' dims and passes the rest); computed in float32."""

@@ -1,0 +1,60 @@
+"""A vision-language model's prompt side as the engine serves it: the processor, the
+compiled encoder and (M-RoPE models) the position rows, per checkpoint type, put together
+as one tgix.engine.vision_inputs.VisionPrompts."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def vision_prompts(loaded, tokenizer, *, compile: bool):
+    """VisionPrompts for `loaded` (a LoadedModel with a vision side), or None."""
+    from tgix.engine.vision_inputs import VisionPrompts
+
+    if loaded.vision is None:
+        return None
+    kind, path = loaded.vision_model_type, loaded.files.path
+    rope = None
+    if kind == "qwen2_5_vl":
+        processor, encode, rope = _qwen(loaded.vision, path)
+    else:
+        from transformers import AutoProcessor
+
+        from tgix.models.vision.encoder import ImageEncoder
+
+        processor = AutoProcessor.from_pretrained(path)
+        encode = ImageEncoder(loaded.vision)
+        if compile:
+            encode.compile_all()
+    image_token = processor.image_token
+    ids = tokenizer.encode(image_token, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(f"the image token {image_token!r} is not one token")
+    tokenizer.image_token = image_token  # chat templates write it for each image
+    return VisionPrompts(
+        processor, encode, image_token=image_token, image_token_id=ids[0], rope=rope
+    )
+
+
+def _qwen(vision, path):
+    """Qwen2.5-VL: transformers' processor where it loads, else ExpandingProcessor; the
+    tower jitted per patch count (not bucketed yet); M-RoPE rows per prompt."""
+    from tgix.models.vision.qwen2_5_vl import encode_images
+    from tgix.models.vision.qwen2_5_vl_rope import mrope_position_ids
+    from tgix.models.vision.qwen_processor import ExpandingProcessor
+
+    cfg = vision.cfg
+    try:
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(path)
+    except (ImportError, AttributeError, ValueError):  # no torchvision: no video processor
+        processor = ExpandingProcessor.from_pretrained(path, cfg.spatial_merge_size)
+
+    def encode(pixels: dict) -> np.ndarray:
+        return np.asarray(encode_images(vision, pixels["pixel_values"], pixels["image_grid_thw"]))
+
+    def rope(ids: np.ndarray, pixels: dict):
+        return mrope_position_ids(ids, pixels["image_grid_thw"], cfg)
+
+    return processor, encode, rope
