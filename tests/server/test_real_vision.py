@@ -1,4 +1,5 @@
-"""Images over HTTP on the real engine (a tiny random Idefics3, every shape compiled): OpenAI
+"""Images over HTTP on the real engine (tiny random Idefics3 and Qwen2.5-VL, every shape
+compiled): OpenAI
 `image_url` parts and TGI's `![](url)` markdown give the engine's own answer for the
 processor's prompt, streamed and with a grammar too; bad images (truncated, 1x1, a 20000 x
 20000 header, a wrong type, an unreachable or silent URL, a private address, too many) are a
@@ -27,7 +28,7 @@ from server.app import build_app
 from server.args import parse_args
 from tests.server.conftest import LiveServer
 from tests.server.real_engine import SlowSteps, _engine_for
-from tgix import testing_vlm
+from tgix import testing_qwen_vl, testing_vlm
 from tgix.engine.request import Completion, GenerationRequest
 
 ARGV = [
@@ -302,5 +303,38 @@ def test_image_traffic_compiles_nothing(servers, http):
     assert text.status_code == 200 and all(a.status_code == 200 for a in answers)
     assert compiles == []
     metrics = httpx.get(f"{servers.strict.url}/metrics").text
-    images = re.search(r"^tgix_images_total (\S+)$", metrics, re.M)
+    images = re.search(r"^tgix_images (\S+)$", metrics, re.M)
     assert images and float(images.group(1)) >= 6
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    path = testing_qwen_vl.write_tiny_qwen25_vl(tmp_path_factory.mktemp("qwen-server"))
+    settings = parse_args(ARGV, environ={})
+    hook = SlowSteps()
+    engine = _engine_for(settings, path, str(tmp_path_factory.mktemp("xla-qwen")), hook)
+    server = LiveServer(build_app(engine, settings, steps=hook.recorder), engine)
+    yield Servers(engine, server, server)
+    server.stop()
+    engine.shutdown()
+
+
+def test_qwen_chat_and_markdown_answer_as_the_engine(qwen):
+    a, b = png(24, 40, 31), png(61, 17, 32)
+    with httpx.Client(base_url=qwen.strict.url, timeout=30) as client:
+        chat = client.post("/v1/chat/completions", json=chat_body([data_uri(a), data_uri(b)]))
+        inputs = f"Look: ![]({data_uri(a)}) and this"
+        plain = client.post(
+            "/generate", json={"inputs": inputs, "parameters": {"max_new_tokens": N}}
+        )
+    assert chat.status_code == 200, chat.text
+    expected = qwen.direct(template_text(qwen, 2), images_of(a, b))
+    assert chat.json()["choices"][0]["message"]["content"] == expected.generated_text
+    vision = qwen.engine.vision
+    ids, spans = vision.prepare(f"Look: {vision.image_token} and this", images_of(a))
+    assert spans.rope_delta < 0  # the positions after the image run behind the index
+    *_, final = qwen.engine.submit(
+        GenerationRequest(prompt_ids=ids, max_new_tokens=N, images=spans)
+    )
+    assert plain.status_code == 200 and plain.json()["generated_text"] == final.generated_text
+    assert_idle(qwen)

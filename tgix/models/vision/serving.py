@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+START_PATCHES = 1024  # Qwen2.5-VL: patch buckets compiled at start-up (larger: on first use)
+
 
 def vision_prompts(loaded, tokenizer, *, compile: bool):
     """VisionPrompts for `loaded` (a LoadedModel with a vision side), or None."""
@@ -16,7 +18,7 @@ def vision_prompts(loaded, tokenizer, *, compile: bool):
     kind, path = loaded.vision_model_type, loaded.files.path
     rope = None
     if kind == "qwen2_5_vl":
-        processor, encode, rope = _qwen(loaded.vision, path)
+        processor, encode, rope = _qwen(loaded.vision, path, compile=compile)
     else:
         from transformers import AutoProcessor
 
@@ -36,11 +38,12 @@ def vision_prompts(loaded, tokenizer, *, compile: bool):
     )
 
 
-def _qwen(vision, path):
+def _qwen(vision, path, *, compile: bool):
     """Qwen2.5-VL: transformers' processor where it loads, else ExpandingProcessor; the
-    tower jitted per patch count (not bucketed yet); M-RoPE rows per prompt."""
-    from tgix.models.vision.qwen2_5_vl import encode_images
+    tower compiled per patch-count bucket (qwen_encoder.py) up to one image's pixel budget
+    (at most START_PATCHES); M-RoPE rows per prompt."""
     from tgix.models.vision.qwen2_5_vl_rope import mrope_position_ids
+    from tgix.models.vision.qwen_encoder import QwenImageEncoder
     from tgix.models.vision.qwen_processor import ExpandingProcessor
 
     cfg = vision.cfg
@@ -50,9 +53,11 @@ def _qwen(vision, path):
         processor = AutoProcessor.from_pretrained(path)
     except (ImportError, AttributeError, ValueError):  # no torchvision: no video processor
         processor = ExpandingProcessor.from_pretrained(path, cfg.spatial_merge_size)
-
-    def encode(pixels: dict) -> np.ndarray:
-        return np.asarray(encode_images(vision, pixels["pixel_values"], pixels["image_grid_thw"]))
+    image_processor = processor.image_processor
+    most = getattr(image_processor, "max_pixels", None) or image_processor.size["longest_edge"]
+    encode = QwenImageEncoder(vision, max_patches=min(START_PATCHES, most // cfg.patch_size**2))
+    if compile:
+        encode.compile_all()
 
     def rope(ids: np.ndarray, pixels: dict):
         return mrope_position_ids(ids, pixels["image_grid_thw"], cfg)
