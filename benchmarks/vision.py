@@ -53,8 +53,8 @@ def measure(folder: str, args) -> dict:
     from tgix.engine.factory import EngineOptions
     from tgix.engine.limits import LimitRequest
 
-    limits = LimitRequest(max_total_tokens=2048, max_batch_prefill_tokens=2048,
-                          max_batch_total_tokens=4096, max_batch_size=2)  # fmt: skip
+    limits = LimitRequest(max_total_tokens=512, max_batch_prefill_tokens=512,
+                          max_batch_total_tokens=2048, max_batch_size=2)  # fmt: skip
     start = time.perf_counter()
     llm = LLM(folder, limits=limits, options=EngineOptions(progress=False))
     construct = time.perf_counter() - start

@@ -20,11 +20,9 @@ def vision_prompts(loaded, tokenizer, *, compile: bool):
     if kind == "qwen2_5_vl":
         processor, encode, rope = _qwen(loaded.vision, path, compile=compile)
     else:
-        from transformers import AutoProcessor
-
         from tgix.models.vision.encoder import ImageEncoder
 
-        processor = AutoProcessor.from_pretrained(path)
+        processor = _idefics3_processor(path, loaded.vision.config.tokens_per_tile)
         encode = ImageEncoder(loaded.vision)
         if compile:
             encode.compile_all()
@@ -36,6 +34,24 @@ def vision_prompts(loaded, tokenizer, *, compile: bool):
     return VisionPrompts(
         processor, encode, image_token=image_token, image_token_id=ids[0], rope=rope
     )
+
+
+def _idefics3_processor(path, image_seq_len: int):
+    """The checkpoint's processor; where transformers cannot build it (SmolVLMProcessor wants
+    num2words and torchvision for its video half) an Idefics3Processor over the same image
+    processor and tokenizer, whose image prompts are SmolVLM's."""
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, Idefics3Processor
+
+    try:
+        return AutoProcessor.from_pretrained(path)
+    except (ImportError, AttributeError, ValueError):
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        return Idefics3Processor(
+            image_processor=AutoImageProcessor.from_pretrained(path),
+            tokenizer=tokenizer,
+            image_seq_len=image_seq_len,
+            chat_template=tokenizer.chat_template,
+        )
 
 
 def _qwen(vision, path, *, compile: bool):
