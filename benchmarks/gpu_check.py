@@ -3,7 +3,7 @@ float32 on CPU for the default model, and decode throughput on one accelerator.
 
     python -m benchmarks.gpu_check [--tokens 32] [--batches 1 8 32] [--json PATH]
     python -m benchmarks.gpu_check --device cpu --tokens 4 --no-throughput --no-quant \
-        --no-moe  # smoke
+        --no-moe --no-vision  # smoke
 
 Parity: the same prompts run greedily through the engine's own step (tests/paged-style
 driver: one prefill, then one token at a time) twice, float32 on the CPU backend (the
@@ -14,8 +14,9 @@ numerics are sound). Throughput: `tgix.LLM` on the accelerator in bfloat16, B re
 random prompt tokens, `--new-tokens` each, ignore_eos; decode tok/s over the steady phase as
 benchmarks.engine measures it. Quantized decode (benchmarks.gpu_quant): bf16 vs int8 vs
 4-bit kept on Llama-3-8B-shaped random layers. MoE (benchmarks.gpu_moe): one Mixtral-8x7B-
-and one Qwen3-30B-A3B-shaped MoE layer through ragged_dot, sorted blocks and dense. One JSON
-with all, for the closing note.
+and one Qwen3-30B-A3B-shaped MoE layer through ragged_dot, sorted blocks and dense. Vision
+(benchmarks.vision.encoder_only): SmolVLM-256M's tower on 5 tiles in bfloat16. One JSON with
+all, for the closing note.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-quant", action="store_true", help="skip benchmarks.gpu_quant")
     parser.add_argument("--quant-layers", type=int, default=8, help="8B-shaped layers")
     parser.add_argument("--no-moe", action="store_true", help="skip benchmarks.gpu_moe")
+    parser.add_argument("--no-vision", action="store_true", help="skip the image encoder")
     parser.add_argument("--json", default="benchmarks/results/gpu_check.json")
     args = parser.parse_args(argv)
     import jax
@@ -139,8 +141,15 @@ def main(argv=None) -> int:
 
         print("one MoE layer per expert path (ms per call, bfloat16):")
         moe = gpu_moe.run(["mixtral", "qwen3-moe"], [1, 16, 256, 2048])
+    vision = {}
+    if not args.no_vision:
+        from benchmarks.vision import encoder_only
+
+        vision = encoder_only("bfloat16")
+        print(f"SmolVLM-256M-shaped image encoder, 5 tiles, bfloat16: {vision['ms']:.1f} ms")
     write_json(args.json, {"machine": machine(), "args": vars(args), "parity": checks,
-                           "throughput": rates, "quant": quant, "moe": moe})  # fmt: skip
+                           "throughput": rates, "quant": quant, "moe": moe,
+                           "vision": vision})  # fmt: skip
     return 0
 
 

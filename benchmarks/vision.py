@@ -110,6 +110,43 @@ def _tgix_ttft(llm, vision, prompt, picture) -> float:
     return elapsed
 
 
+def encoder_only(dtype: str = "bfloat16", tiles: int = 5, repeats: int = 3, vision=None) -> dict:
+    """tgix's compiled tower alone on the default device (gpu_check's vision step): random
+    weights at SmolVLM-256M's shape, `tiles` tiles, ms per call (median of `repeats`)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from tgix.models.vision.encoder import ImageEncoder
+    from tgix.models.vision.idefics3 import Idefics3Vision, Idefics3VisionConfig
+
+    fields = dict(VISION, **(vision or {}))
+    cfg = Idefics3VisionConfig(
+        hidden_size=fields["hidden_size"], intermediate_size=fields["intermediate_size"],
+        num_layers=fields["num_hidden_layers"], num_heads=fields["num_attention_heads"],
+        patch_size=fields["patch_size"], image_size=fields["image_size"],
+        scale_factor=SCALE_FACTOR, text_hidden_size=TEXT["hidden_size"],
+    )  # fmt: skip
+    encoder = ImageEncoder(Idefics3Vision(cfg, rngs=nnx.Rngs(0), dtype=jnp.dtype(dtype)))
+    start = time.perf_counter()
+    encoder.compile_all()
+    compile_s = time.perf_counter() - start
+    size = cfg.image_size
+    pixels = {"pixel_values": np.random.default_rng(0).random((tiles, 3, size, size), np.float32)}
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        encoder(pixels)
+        times.append(time.perf_counter() - t0)
+    ms = median(times[1:]) * 1e3
+    return {
+        "dtype": dtype,
+        "tiles": tiles,
+        "compile_s": compile_s,
+        "ms": ms,
+        "ms_per_tile": ms / tiles,
+    }
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
