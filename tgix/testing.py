@@ -80,7 +80,8 @@ def _model_class_name(config) -> str:
 
 
 def _reinit_(model, seed: int) -> None:
-    """Re-initialise every parameter so activations and logits are O(1), not near zero."""
+    """Re-initialise every parameter so activations and logits are O(1), not near zero (text
+    models and the vision-language ones of testing_vlm / testing_qwen_vl alike)."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -95,15 +96,19 @@ def _reinit_(model, seed: int) -> None:
 
     with torch.no_grad():
         # lm_head (and so a tied embedding) gets std D**-0.25: logits std ~ D**0.25, peaked enough
-        # that greedy picks are not near-ties, yet far from one-hot.
-        fill(model.get_output_embeddings().weight, model.config.hidden_size**-0.25)
+        # that greedy picks are not near-ties, yet far from one-hot. A VLM's D is its decoder's.
+        text = getattr(model.config, "text_config", None) or model.config
+        fill(model.get_output_embeddings().weight, text.hidden_size**-0.25)
         for module in model.modules():
             if isinstance(module, torch.nn.Embedding):
                 fill(module.weight, 1.0)
-            elif isinstance(module, torch.nn.Linear):
-                fill(module.weight, 1.0 / math.sqrt(module.in_features))
+            elif isinstance(module, torch.nn.Linear | torch.nn.Conv2d | torch.nn.Conv3d):
+                fill(module.weight, 1.0 / math.sqrt(module.weight[0].numel()))  # fan-in
                 if module.bias is not None:
                     fill(module.bias, 0.2)
+            elif isinstance(module, torch.nn.LayerNorm):  # vision towers
+                fill(module.weight, 0.2, mean=1.0)
+                fill(module.bias, 0.2)
             elif type(module).__name__.endswith("RMSNorm"):  # Gemma's scale by 1 + weight
                 fill(module.weight, 0.2, mean=0.0 if "Gemma" in type(module).__name__ else 1.0)
         for name, param in model.named_parameters():  # stacked experts [E, out, in], routers

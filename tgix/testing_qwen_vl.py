@@ -14,10 +14,9 @@ torch/transformers are imported lazily so this module imports without them.
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 
-from tgix.testing import BOS_ID, EOS_ID, PAD_ID, write_test_tokenizer
+from tgix.testing import BOS_ID, EOS_ID, PAD_ID, _reinit_, write_test_tokenizer
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 PATCH, MERGE, TEMPORAL_PATCH = 4, 2, 2
@@ -117,36 +116,6 @@ def _write_processor(path: pathlib.Path) -> None:
     }
     (path / "processor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     (path / "chat_template.jinja").write_text(QWEN_VL_CHAT_TEMPLATE)
-
-
-def _reinit_(model, seed: int) -> None:
-    """tgix.testing._reinit_'s O(1) activations, plus the patch embedding's Conv3d."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    done: set[int] = set()
-
-    def fill(param, std: float, mean: float = 0.0) -> None:
-        noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
-        param.copy_(mean + std * noise)
-        done.add(id(param))
-
-    with torch.no_grad():
-        fill(model.lm_head.weight, model.config.text_config.hidden_size**-0.25)
-        for module in model.modules():
-            if isinstance(module, torch.nn.Embedding):
-                fill(module.weight, 1.0)
-            elif isinstance(module, torch.nn.Linear | torch.nn.Conv3d):
-                if module is not model.lm_head:
-                    fan_in = module.weight[0].numel()
-                    fill(module.weight, 1.0 / math.sqrt(fan_in))
-                if module.bias is not None:
-                    fill(module.bias, 0.2)
-            elif type(module).__name__.endswith("RMSNorm"):
-                fill(module.weight, 0.2, mean=1.0)
-    missed = [name for name, p in model.named_parameters() if id(p) not in done]
-    if missed:
-        raise RuntimeError(f"parameters not re-initialised: {missed}")
 
 
 def write_tiny_qwen25_vl(path, *, seed: int = 0) -> pathlib.Path:

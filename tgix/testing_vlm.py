@@ -10,7 +10,6 @@ Llama, hidden 64, 2 layers, 4 heads, 2 KV heads, vocab = the tokenizer's length.
 
 from __future__ import annotations
 
-import math
 import pathlib
 
 from tgix import testing
@@ -78,38 +77,6 @@ def _tokenizer():
     return tokenizer
 
 
-def _reinit_(model, seed: int) -> None:
-    """tgix.testing._reinit_'s scheme, with the vision side's conv and LayerNorms: weights
-    O(1)-preserving, biases std 0.2, norm weights 1 +- 0.2 (so no layer is trivial)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    done: set[int] = set()
-
-    def fill(param, std: float, mean: float = 0.0) -> None:
-        if id(param) not in done:
-            param.copy_(mean + std * torch.randn(param.shape, generator=gen))
-            done.add(id(param))
-
-    with torch.no_grad():
-        fill(model.get_output_embeddings().weight, model.config.text_config.hidden_size**-0.25)
-        for module in model.modules():
-            if isinstance(module, torch.nn.Embedding):
-                fill(module.weight, 1.0)
-            elif isinstance(module, torch.nn.Linear | torch.nn.Conv2d):
-                fill(module.weight, 1.0 / math.sqrt(module.weight[0].numel()))
-                if module.bias is not None:
-                    fill(module.bias, 0.2)
-            elif isinstance(module, torch.nn.LayerNorm):
-                fill(module.weight, 0.2, mean=1.0)
-                fill(module.bias, 0.2)
-            elif type(module).__name__.endswith("RMSNorm"):
-                fill(module.weight, 0.2, mean=1.0)
-    missed = [name for name, p in model.named_parameters() if id(p) not in done]
-    if missed:
-        raise RuntimeError(f"parameters not re-initialised: {missed}")
-
-
 def write_tiny_idefics3(
     path,
     *,
@@ -153,7 +120,7 @@ def write_tiny_idefics3(
     config.architectures = [model_class.__name__]
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32).eval()
-    _reinit_(model, seed)
+    testing._reinit_(model, seed)
     model.save_pretrained(path, safe_serialization=True)
 
     tile = vision_config["image_size"]
