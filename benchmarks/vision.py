@@ -119,13 +119,10 @@ def encoder_only(dtype: str = "bfloat16", tiles: int = 5, repeats: int = 3, visi
     from tgix.models.vision.encoder import ImageEncoder
     from tgix.models.vision.idefics3 import Idefics3Vision, Idefics3VisionConfig
 
-    fields = dict(VISION, **(vision or {}))
-    cfg = Idefics3VisionConfig(
-        hidden_size=fields["hidden_size"], intermediate_size=fields["intermediate_size"],
-        num_layers=fields["num_hidden_layers"], num_heads=fields["num_attention_heads"],
-        patch_size=fields["patch_size"], image_size=fields["image_size"],
-        scale_factor=SCALE_FACTOR, text_hidden_size=TEXT["hidden_size"],
-    )  # fmt: skip
+    cfg = Idefics3VisionConfig.from_hf({
+        "model_type": "idefics3", "vision_config": {**VISION, **(vision or {})},
+        "scale_factor": SCALE_FACTOR, "text_config": TEXT,
+    })  # fmt: skip
     encoder = ImageEncoder(Idefics3Vision(cfg, rngs=nnx.Rngs(0), dtype=jnp.dtype(dtype)))
     start = time.perf_counter()
     encoder.compile_all()

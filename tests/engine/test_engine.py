@@ -6,11 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
-import jax
-import jax.monitoring
 import numpy as np
 import pytest
 
+from tests.compiles import recording_compiles
 from tests.engine.conftest import make_engine, wait_idle
 from tgix import testing
 from tgix.engine.request import Completion, GenerationError, GenerationRequest, SamplingParams
@@ -243,14 +242,7 @@ def test_watchdog_reports_a_stalled_step(engine, monkeypatch):
 
 
 def test_mixed_traffic_after_warmup_compiles_nothing(engine):
-    compiles = []
-
-    def listener(event, duration, **kw):
-        if event.startswith("/jax/core/compile"):
-            compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with recording_compiles() as compiles:
         streams = [
             engine.submit(
                 greedy(
@@ -276,8 +268,6 @@ def test_mixed_traffic_after_warmup_compiles_nothing(engine):
         ]
         for s in streams:
             list(s)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles == []
     assert wait_idle(engine)["steps"] > 0
     assert wait_idle(engine)["prefix_hit_tokens"] - hits >= sum(8 + 8 * i for i in range(6))

@@ -26,6 +26,7 @@ from PIL import Image
 
 from server.app import build_app
 from server.args import parse_args
+from tests.compiles import recording_compiles
 from tests.server.conftest import LiveServer
 from tests.server.real_engine import SlowSteps, _engine_for
 from tgix import testing_qwen_vl, testing_vlm
@@ -74,19 +75,29 @@ class Servers:
         return final
 
 
+def _serve(tmp_path_factory, path, name: str, *more_argv: list[str]):
+    """The engine on `path` (what tgix.serve builds) behind one app per argv extension."""
+    settings = parse_args(ARGV, environ={})
+    hook = SlowSteps()
+    engine = _engine_for(settings, path, str(tmp_path_factory.mktemp(f"xla-{name}")), hook)
+    apps = [build_app(engine, parse_args([*ARGV, *m], environ={}), steps=hook.recorder)
+            for m in ([], *more_argv)]  # fmt: skip
+    servers = [LiveServer(app, engine) for app in apps]
+    return engine, servers
+
+
+def _stop(engine, servers) -> None:
+    for server in servers:
+        server.stop()
+    engine.shutdown()
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     path = testing_vlm.write_tiny_idefics3(tmp_path_factory.mktemp("vlm-server"))
-    settings = parse_args(ARGV, environ={})
-    hook = SlowSteps()
-    engine = _engine_for(settings, path, str(tmp_path_factory.mktemp("xla-vlm")), hook)
-    strict = LiveServer(build_app(engine, settings, steps=hook.recorder), engine)
-    allowing = parse_args([*ARGV, "--allow-private-image-urls"], environ={})
-    open_ = LiveServer(build_app(engine, allowing, steps=hook.recorder), engine)
+    engine, (strict, open_) = _serve(tmp_path_factory, path, "vlm", ["--allow-private-image-urls"])
     yield Servers(engine, strict, open_)
-    strict.stop()
-    open_.stop()
-    engine.shutdown()
+    _stop(engine, (strict, open_))
 
 
 @pytest.fixture
@@ -280,26 +291,12 @@ def test_a_silent_url_times_out_while_other_requests_run(servers, http):
 
 
 def test_image_traffic_compiles_nothing(servers, http):
-    import jax
-
-    compiles = []
-
-    def listener(event, duration, **kw):
-        if event.startswith("/jax/core/compile"):
-            compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            urls = [data_uri(png(20 + 9 * i, 60 - 7 * i, 20 + i)) for i in range(3)]
-            chats = [pool.submit(http.post, "/v1/chat/completions", json=chat_body(urls[: i + 1]))
-                     for i in range(3)]  # fmt: skip
-            text = http.post(
-                "/generate", json={"inputs": "Hi", "parameters": {"max_new_tokens": 4}}
-            )
-            answers = [c.result() for c in chats]
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
+    with recording_compiles() as compiles, concurrent.futures.ThreadPoolExecutor(3) as pool:
+        urls = [data_uri(png(20 + 9 * i, 60 - 7 * i, 20 + i)) for i in range(3)]
+        chats = [pool.submit(http.post, "/v1/chat/completions", json=chat_body(urls[: i + 1]))
+                 for i in range(3)]  # fmt: skip
+        text = http.post("/generate", json={"inputs": "Hi", "parameters": {"max_new_tokens": 4}})
+        answers = [c.result() for c in chats]
     assert text.status_code == 200 and all(a.status_code == 200 for a in answers)
     assert compiles == []
     metrics = httpx.get(f"{servers.strict.url}/metrics").text
@@ -310,13 +307,9 @@ def test_image_traffic_compiles_nothing(servers, http):
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
     path = testing_qwen_vl.write_tiny_qwen25_vl(tmp_path_factory.mktemp("qwen-server"))
-    settings = parse_args(ARGV, environ={})
-    hook = SlowSteps()
-    engine = _engine_for(settings, path, str(tmp_path_factory.mktemp("xla-qwen")), hook)
-    server = LiveServer(build_app(engine, settings, steps=hook.recorder), engine)
+    engine, (server,) = _serve(tmp_path_factory, path, "qwen")
     yield Servers(engine, server, server)
-    server.stop()
-    engine.shutdown()
+    _stop(engine, (server,))
 
 
 def test_qwen_chat_and_markdown_answer_as_the_engine(qwen):

@@ -101,6 +101,9 @@ class Engine:
         self._prewarm = Prewarmer(runner) if prewarm else None  # idle-time first calls
         self._idle_since: float | None = None  # monotonic time the engine last went idle
         self.grammar_compiler = None  # tgix.grammar.GrammarCompiler, set by the factory
+        self.vision = None  # a VLM's VisionPrompts (tgix.engine.vision_inputs), set by the factory
+        # a step passes its rows' image embeddings (and M-RoPE rows) only where the model reads them
+        self._takes_images = runner.config.buckets.images or bool(runner.cfg.mrope_section)
         config = scheduler.config
         self.speculate = config.speculate if config.speculate_rows else 0  # draft tokens
         heads = runner.config.draft_head_rows > 0  # a Medusa model: its heads draft
@@ -242,7 +245,7 @@ class Engine:
                 device_token_ids=token_ids,
                 token_masks=masks,
                 verify=plan.verify,
-                images=request_images(seqs),
+                images=request_images(seqs) if self._takes_images else None,
             )
         except Exception as exc:  # a failed step ends its requests, not the engine
             logger.exception("step failed")

@@ -48,6 +48,7 @@ class Replicas:
         self.limits = first.limits  # per replica: each holds its own KV budget
         self.model_id = first.model_id
         self.grammar_compiler = first.grammar_compiler
+        self.vision = getattr(first, "vision", None)  # host embeddings: any replica takes them
         self.speculate = first.speculate
         self.quantize = getattr(first, "quantize", None)
         self.kv_dtype = getattr(first, "kv_dtype", None)

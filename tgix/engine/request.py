@@ -8,6 +8,7 @@ only serialises.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,10 +73,7 @@ class ImageSpans:
 
     def span(self, start: int, end: int):
         """Indices into positions/embeds of the image tokens at prompt positions [start, end)."""
-        import bisect
-
-        positions = self.positions
-        return bisect.bisect_left(positions, start), bisect.bisect_left(positions, end)
+        return bisect.bisect_left(self.positions, start), bisect.bisect_left(self.positions, end)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
