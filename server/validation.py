@@ -26,6 +26,7 @@ from server.schemas import GenerateParams
 from server.settings import Settings
 from tgix.engine.request import EngineLimits, GenerationRequest, SamplingParams
 from tgix.engine.stop_match import failure_table
+from tgix.engine.vision_inputs import ImagePromptError
 
 MIN_SCALE = 1e-6  # smallest temperature / repetition_penalty: logits divided by it stay finite
 MAX_STOP_CHARS = 4096  # per stop sequence (TGI: unbounded); matching is linear in it anyway
@@ -201,8 +202,6 @@ class Validator:
         return await self.run(self._prepare, text, images, add_special_tokens, truncate)
 
     def _prepare(self, tokenizer, text, images, add_special_tokens, truncate):
-        from tgix.engine.vision_inputs import ImagePromptError
-
         try:
             ids, spans = self.vision.prepare(text, images, add_special_tokens=add_special_tokens)
         except ImagePromptError as exc:

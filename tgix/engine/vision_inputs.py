@@ -5,7 +5,7 @@ embeddings that replace the image tokens in the decoder (GenerationRequest.image
 
 The processor is the model's own (resize, tiling, normalisation, the image-token expansion),
 so the prompt ids equal transformers'. It runs in the server's validation pool, like the
-tokenizer; `encode` is thread-safe (the engine compiles it per image-count bucket).
+tokenizer; `encode` is thread-safe (tgix/models/vision/: compiled per tile or patch bucket).
 """
 
 from __future__ import annotations
