@@ -435,6 +435,40 @@ def test_all_of_merges_objects_and_intersects_strings():
     check(ranges, valid=[0, 9], invalid=[-1, 10])
 
 
+def test_all_of_keeps_an_any_of_branchs_properties_in_place():
+    """allOf(A, anyOf(B1, B2), C) generates A's, then the branch's, then C's properties."""
+    schema = {
+        "allOf": [
+            {"type": "object", "properties": {"match": {"type": "string"}}, "required": ["match"]},
+            {"anyOf": [{"properties": {"devices": {}}}, {"properties": {"device": {}}}]},
+            {"properties": {"engine": {"type": "string"}}},
+        ]
+    }
+    check(
+        schema,
+        valid=[{"match": "w", "devices": {}, "engine": "b"}, {"match": "w", "device": 1}],
+        invalid=[{"devices": {}}, {"match": "w", "engine": 1}],
+    )
+
+
+def test_all_of_merges_a_side_with_pattern_properties():
+    """Pattern properties on one side keep applying to the names either side declares."""
+    schema = {
+        "allOf": [
+            {
+                "properties": {"name": {"type": "string"}},
+                "patternProperties": {"^x-": {"type": "integer"}},
+            },
+            {"properties": {"bundled": {"type": "array"}, "x-count": {"minimum": 0}}},
+        ]
+    }
+    check(
+        schema,
+        valid=[{"name": "p", "bundled": ["a"]}, {"bundled": [], "x-count": 2}],
+        invalid=[{"x-count": "2"}, {"x-count": -1}, {"name": 1}],
+    )
+
+
 def test_boolean_schemas_and_empty_schema():
     check(True, valid=[1, "a", None, [1], {"a": {"b": 1}}], invalid=[])
     check({}, valid=[[], {}, 0.5], invalid=[])

@@ -120,6 +120,37 @@ class Merger:
         return merge_dicts(a, b, residual), residual
 
 
+DISTRIBUTE_BRANCHES = 8  # the most conjunctions distribute_any_of turns one allOf into
+
+
+def distribute_any_of(parts: list) -> list[list] | None:
+    """allOf(A, anyOf(B1, B2), C) as [[A, B1, C], [A, B2, C]] (exact: conjunction distributes
+    over disjunction), None when no part is an `anyOf` over object branches or the product
+    of branches would pass DISTRIBUTE_BRANCHES. Merging keeps each branch's properties in
+    their place among the parts: merged afterwards, as `merge_dicts` does with `anyOf`
+    residuals, they would all come after the other parts' properties, and the grammar fixes
+    the order of properties."""
+    choices, total = [], 1
+    for part in parts:
+        branches = part.get("anyOf") if isinstance(part, dict) and "$ref" not in part else None
+        if not isinstance(branches, list) or not any(_declares_members(b) for b in branches):
+            choices.append([part])
+            continue
+        rest = {k: v for k, v in part.items() if k != "anyOf"}
+        choices.append([(rest, b) for b in branches])
+        total *= len(branches)
+    if total == 1 or total > DISTRIBUTE_BRANCHES:
+        return None
+    out: list[list] = [[]]
+    for options in choices:
+        out = [[*done, *(c if isinstance(c, tuple) else (c,))] for done in out for c in options]
+    return out
+
+
+def _declares_members(schema: object) -> bool:
+    return isinstance(schema, dict) and ("properties" in schema or "required" in schema)
+
+
 def merge_dicts(a: dict, b: dict, residual: list) -> dict | bool:
     """Keyword-wise conjunction of two schemas without `$ref` / `allOf`; keywords that do not
     combine go to `residual`; MergeFailed when object or array keywords cannot be combined."""
@@ -173,7 +204,11 @@ def merge_dicts(a: dict, b: dict, residual: list) -> dict | bool:
 
 
 def _merge_objects(a: dict, b: dict) -> dict:
-    if "patternProperties" in a or "patternProperties" in b:
+    """Exact when at most one side has `patternProperties` and neither bounds extra names
+    (`additionalProperties` absent or true): the patterns then keep applying to every name,
+    declared on either side, as they did on their own side."""
+    patterns = [s["patternProperties"] for s in (a, b) if "patternProperties" in s]
+    if len(patterns) > 1 or (patterns and not all(_open(s) for s in (a, b))):
         raise MergeFailed
     props_a, props_b = a.get("properties", {}), b.get("properties", {})
     extra_a = a.get("additionalProperties", True)
@@ -184,7 +219,13 @@ def _merge_objects(a: dict, b: dict) -> dict:
     out: dict = {"properties": properties}
     if "additionalProperties" in a or "additionalProperties" in b:
         out["additionalProperties"] = conj(extra_a, extra_b)
+    if patterns:
+        out["patternProperties"] = patterns[0]
     return out
+
+
+def _open(schema: dict) -> bool:
+    return schema.get("additionalProperties", True) in (True, {})
 
 
 def _tuple_form(schema: dict) -> tuple[list, object]:

@@ -41,7 +41,7 @@ from tgix.grammar.json_common import (
     union,
 )
 from tgix.grammar.json_common import value_literal as _value_literal
-from tgix.grammar.json_compose import Merger
+from tgix.grammar.json_compose import Merger, distribute_any_of
 from tgix.grammar.json_keywords import (
     KEYWORDS_BY_TYPE,
     asserts,
@@ -197,6 +197,9 @@ class Converter:
         parts = [p for p in parts if asserts(p)]
         if len(parts) <= 1:
             return self.compile(parts[0] if parts else True)
+        distributed = distribute_any_of(parts)
+        if distributed is not None:
+            return union(*(self.compile_all(p) for p in distributed))
         merged, residual = self.merger.merge_all(parts)
         inlined = [self.resolve(r) for r in self.merger.take_inlined()]
         for target in inlined:
