@@ -16,7 +16,10 @@ from hypothesis import strategies as st
 
 from benchmarks.grammar_instances import candidates
 from tgix.grammar import GrammarError, GrammarOptions, GrammarSpec
+from tgix.grammar import regex_tree as rt
+from tgix.grammar.json_common import atomic
 from tgix.grammar.lazy_index import LazyTokenIndex
+from tgix.grammar.lazy_inline import inlined_atomics
 from tgix.grammar.pipeline import compile_arrays, compile_lazy
 from tgix.grammar.pushdown import PushdownIndex
 from tgix.grammar.token_trie import build_byte_trie
@@ -230,3 +233,44 @@ def test_a_new_states_successors_are_where_its_allowed_tokens_lead(real):
     ends = {lazy.advance(state, t) for t in allowed}
     assert ahead and set(ahead) == {q for q in ends if q != state and not lazy.has_mask(q)}
     assert lazy.mask_and_successors(state) == []  # built already: nothing new to offer
+
+
+def test_an_object_built_once_is_inlined_and_a_repeated_one_called():
+    """lazy_inline: one path from the machine's root inlines an `atomic` node; a list's
+    `x (, x)*` or `x+` builds x twice and calls it; a counted repeat builds its body once."""
+    x = atomic(rt.Seq((rt.Regex("a"), rt.Regex("b"))))
+    y = atomic(rt.Alt((rt.Regex("c"), rt.Regex("d"))))
+    assert isinstance(x, rt.Both) and isinstance(y, rt.Both)
+    assert inlined_atomics(rt.Seq((x, rt.Repeat(y, 0, None)))) == {id(x), id(y)}
+    assert inlined_atomics(rt.Seq((x, rt.Repeat(rt.Seq((rt.Regex(","), x)), 0, None)))) == set()
+    assert inlined_atomics(rt.Repeat(x, 1, None)) == set()
+    assert inlined_atomics(rt.Repeat(x, 0, 5)) == {id(x)}  # one body, counted
+    outer = atomic(rt.Seq((rt.Regex("{"), x, x)))
+    assert inlined_atomics(outer) == {id(outer)}  # x twice: called, and nothing under it
+
+
+def test_nested_objects_cost_their_states_once_not_once_per_level(real, monkeypatch):
+    """Each nesting level used to hold a mirror of its callee's states: a 4-deep object of
+    long strings needs well under half the states once the objects are inlined, and its
+    masks are the eager ones."""
+    import tgix.grammar.lazy_dfa as lazy_dfa
+
+    tokenizer, vocab, trie = real
+    schema: dict = {"type": "string", "maxLength": 80}
+    value: object = "x" * 30
+    for depth in range(4):
+        props = {f"s{depth}": {"type": "string", "maxLength": 60}, "inner": schema}
+        schema = {"type": "object", "properties": props, "required": list(props)}
+        value = {f"s{depth}": "word " * 8, "inner": value}
+    spec = GrammarSpec.json(schema)
+    ids = tokenizer.encode(json.dumps(value), add_special_tokens=False)
+
+    def states_used() -> int:
+        lazy, eager = both(real, spec)
+        assert replay_same(lazy, eager, ids)
+        return lazy.dfa.shared.states
+
+    inlined = states_used()
+    monkeypatch.setattr(lazy_dfa, "inlined_atomics", lambda node: set())
+    called = states_used()
+    assert inlined < 0.5 * called

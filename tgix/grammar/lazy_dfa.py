@@ -28,6 +28,7 @@ from tgix.grammar import regex_tree as rt
 from tgix.grammar.automaton import DEAD, ByteDFA
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_any import NESTED
+from tgix.grammar.lazy_inline import inlined_atomics
 from tgix.grammar.lazy_shared import COMMON, Shared, empty_or_raise
 from tgix.grammar.nfa import Nfa, build, check_deadline
 
@@ -69,12 +70,16 @@ class LazyDFA:
         if isinstance(node, rt.Regex | rt.RawByte):
             entry, exit_ = build(nfa, node, None)
         else:
+            self._inline = inlined_atomics(node)
             entry, exit_ = self._build(nfa, node)
         self._setup(nfa.eps, nfa.edges, entry, exit_, container)
 
     def _build(self, nfa: _CallingNfa, node: rt.Node) -> tuple[int, int]:
         """nfa.build, calling what it would copy: products, and regex leaves long enough
-        to be worth an automaton of their own (one per distinct leaf in the grammar)."""
+        to be worth an automaton of their own (one per distinct leaf in the grammar); an
+        `atomic` node built only once is inlined (lazy_inline)."""
+        if isinstance(node, rt.Both) and id(node) in self._inline:
+            return self._build(nfa, node.parts[0])
         if isinstance(node, rt.Both | rt.Minus):
             return nfa.call(self._machine(node), 1, 1)
         if isinstance(node, rt.Regex) and len(node.source) > SHARED_LEAF_CHARS:
