@@ -50,6 +50,21 @@ def test_prefix_caching_adds_mixed_shapes_for_any_prefill_step():
     assert chunked.mixed_tokens == (16, 32, 64)  # a chunked step stays within the budget
 
 
+def test_chunked_fresh_steps_stop_at_the_budget_unless_prompt_logprobs_need_a_whole_prompt():
+    """With chunking every prompt (and recompute) is cut to the budget, so no fresh step is
+    longer than it, or than 16 rows a row; a prompt-logprobs prompt runs whole (alone)."""
+    kw = dict(max_batch_prefill_tokens=256, max_total_tokens=4096, page_size=16)
+    chunked = Buckets.build(**kw, max_batch_size=8, chunked_prefill=True)
+    assert chunked.prefill_tokens[-1] == 256 and chunked.mixed_tokens[-1] == 256
+    many_rows = Buckets.build(**kw, max_batch_size=64, chunked_prefill=True)
+    assert many_rows.prefill_tokens[-1] == 1024  # 64 one-token prompts: rows_for(1024) = 64
+    assert many_rows.shape_for(rows([1] * 64)) == StepShape(True, 1024, 64, 0)
+    logprobs = Buckets.build(**kw, max_batch_size=8, chunked_prefill=True, prompt_logprobs=True)
+    assert logprobs.prefill_tokens[-1] == 4096
+    assert logprobs.shape_for(rows([4000]), all_logits=True) == StepShape(True, 4096, 8, 0, True)
+    assert Buckets.build(**kw, max_batch_size=8).prefill_tokens[-1] == 4096  # classic
+
+
 def test_prompt_steps_pad_by_less_than_half():
     """Fresh buckets step by 1.5x and 2x alternately from 32: a prompt of n > 32 tokens runs
     in fewer than 1.5 n (powers of two alone pad 65 tokens to 128)."""

@@ -5,7 +5,12 @@ TGI's "largest that fits"."""
 
 from __future__ import annotations
 
-from tgix.engine.limits import CPU_MAX_BATCH_SIZE, LimitRequest, resolve_limits
+from tgix.engine.limits import (
+    CPU_CHUNK_TOKENS,
+    CPU_MAX_BATCH_SIZE,
+    LimitRequest,
+    resolve_limits,
+)
 
 
 def _total(req: LimitRequest, *, budget: int, on_cpu: bool = True) -> int:
@@ -30,3 +35,22 @@ def test_cpu_default_is_capped_by_the_batch_limits():
     assert _total(odd, budget=10**6) == 304  # 3 x 100, rounded up to whole 16-token pages
     default_prefill = LimitRequest(max_batch_size=1, max_total_tokens=100, max_input_tokens=90)
     assert _total(default_prefill, budget=10**6) == 4096  # room for one 4096-token prefill
+
+
+def test_a_chunked_steps_budget_on_cpu_is_the_measured_one_unless_set():
+    """With chunking, --max-batch-prefill-tokens is each step's budget (TGI's meaning): on CPU
+    it defaults to CPU_CHUNK_TOKENS, below max_input_tokens; set, or on an accelerator, or
+    without chunking, TGI's rules stay."""
+    resolve = lambda req, on_cpu=True: resolve_limits(
+        req, max_position_embeddings=8192, kv_budget=10**6, on_cpu=on_cpu
+    )
+    chunked = LimitRequest(max_total_tokens=4096, chunked_prefill=True)
+    lim = resolve(chunked)
+    assert (lim.max_batch_prefill_tokens, lim.max_input_tokens) == (CPU_CHUNK_TOKENS, 4095)
+    assert resolve(chunked, on_cpu=False).max_batch_prefill_tokens == 4096
+    set_ = LimitRequest(max_total_tokens=4096, max_batch_prefill_tokens=1024, chunked_prefill=True)
+    assert resolve(set_).max_batch_prefill_tokens == 1024
+    classic = LimitRequest(max_total_tokens=4096)
+    assert resolve(classic).max_batch_prefill_tokens == 4096
+    small_kv = LimitRequest(max_total_tokens=128, max_batch_total_tokens=128, chunked_prefill=True)
+    assert resolve(small_kv).max_batch_prefill_tokens == min(CPU_CHUNK_TOKENS, 128)

@@ -349,3 +349,25 @@ def test_draft_pages_are_taken_for_the_step_and_given_back_after_it(make):
     (row,) = dev.sched.schedule().rows
     assert (row.token_ids, row.num_logits, seq.draft_pause) == ((5,), 1, 0)
     dev.sched.finish("a", None)  # (the fake device holds no KV for the unrecorded steps)
+
+
+def test_chunked_prompt_logprobs_over_the_budget_run_whole_in_a_step_alone(make):
+    """Prompt logprobs need every prompt token in one step: with chunking such a prompt
+    longer than the budget is taken whole in a fresh step of its own (decode rows wait that
+    one step); one within the budget joins the decode rows as usual, whole (not cut)."""
+    dev = make(64, 4, max_batch_prefill_tokens=8, chunked_prefill=True)
+    dev.add("a", 3, 4)
+    dev.step()
+    dev.add("long", 20, 2, wants_prompt_logprobs=True)
+    dev.add("short", 5, 1, wants_prompt_logprobs=True)
+    dev.add("after", 10, 1)
+    dev.run()
+    assert dev.log == [
+        [("a", 3, True)],
+        [("long", 20, True)],  # alone, whole: 20 > the 7 tokens left beside a's decode row
+        [("a", 1, False), ("long", 1, False), ("short", 5, True), ("after", 1, True)],
+        [("a", 1, False), ("after", 7, True)],  # after is chunked to the budget
+        [("a", 1, False), ("after", 2, True)],
+    ]
+    for rid, n, new in (("a", 3, 4), ("long", 20, 2), ("short", 5, 1), ("after", 10, 1)):
+        assert dev.seqs[rid].output_ids == alone(n, rid, new)

@@ -125,9 +125,12 @@ class Buckets:
         speculate_rows: int = 0,
         images: bool = False,
     ) -> Buckets:
-        # A recomputed (preempted) request is prefilled whole, up to max_total_tokens; and a
-        # prefill of max_batch_size short prompts needs a T with rows_for(T) rows.
-        longest = max(max_batch_prefill_tokens, max_total_tokens, 16 * max_batch_size)
+        # Without chunking a recomputed (preempted) request is prefilled whole, up to
+        # max_total_tokens; with it, every prompt is cut to the budget but one whose prompt
+        # logprobs need it whole. A prefill of max_batch_size short prompts needs a T with
+        # rows_for(T) rows.
+        whole = max_total_tokens if not chunked_prefill or prompt_logprobs else 0
+        longest = max(max_batch_prefill_tokens, whole, 16 * max_batch_size)
         prefill_tokens = _half_octaves(16, longest)
         # Paged steps with prompt rows: chunks (their steps hold at most the prefill budget)
         # or, without chunking, prompts past a cached prefix (a prefill step of any length).

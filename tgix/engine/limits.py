@@ -5,7 +5,8 @@ after the weights: on GPU/TPU from the device's `memory_stats()` (TGI's 0.90 wig
 what is free), on CPU from a quarter of the RAM this process may use (the KV cache shares it
 with everything else), capped there at what the batch limits can use (max_batch_size x
 max_total_tokens). The remaining limits follow TGI 3.x without chunking
-(tgi-interface.md §1.3-1.4).
+(tgi-interface.md §1.3-1.4); with chunking, the prefill budget is each step's token budget,
+on CPU a measured CPU_CHUNK_TOKENS by default.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ DEVICE_WIGGLE_ROOM = 0.90  # TGI's TGI_WIGGLE_ROOM on free accelerator memory
 CPU_MAX_BATCH_SIZE = 64  # bucket ceiling when --max-batch-size is unset (CPU)
 DEVICE_MAX_BATCH_SIZE = 256
 DEFAULT_PREFILL_TOKENS = 4096  # TGI's fallback when no FLOP estimate applies
+# A chunked step's token budget on CPU when --max-batch-prefill-tokens is unset. XLA:CPU's
+# float32 GEMMs are compute-bound from ~64 tokens (2.3 ms a token for the default model), so
+# a step costs what it computes: a smaller budget costs little throughput and lets a wave of
+# prompts finish one after another instead of all at the end of one long step, and keeps
+# running rows' inter-token time near one budget's compute (BENCHMARKS.md, "Multi-turn chat").
+CPU_CHUNK_TOKENS = 128
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -116,7 +123,9 @@ def resolve_limits(
         max_total = cap if req.max_input_tokens is None else max(cap, req.max_input_tokens + 1)
     max_input = req.max_input_tokens if req.max_input_tokens is not None else max_total - 1
     prefill = req.max_batch_prefill_tokens
-    if prefill is None:
+    if prefill is None and req.chunked_prefill and on_cpu:
+        prefill = min(CPU_CHUNK_TOKENS, total_kv)  # a chunked step's budget, measured
+    elif prefill is None:
         prefill = min(max(DEFAULT_PREFILL_TOKENS, max_input), max_position_embeddings)
         prefill = max(prefill, max_input)
     if on_cpu and req.max_batch_total_tokens is None:  # and never below one prefill step

@@ -102,8 +102,12 @@ class Scheduler:
             raise ValueError("need a non-empty prompt and max_new_tokens >= 1")
         # Peak KV: every prompt token plus every generated token but the last (never fed back).
         peak = self.kv.pages_for(len(seq.prompt_ids) + seq.max_new_tokens - 1)
-        whole_prompt = not self.config.chunked_prefill or seq.wants_prompt_logprobs
-        too_long = whole_prompt and len(seq.prompt_ids) > self.config.max_batch_prefill_tokens
+        # Without chunking a prompt is prefilled in one step of the budget; with it, one whose
+        # prompt logprobs need it whole runs in a step of its own when it exceeds the budget.
+        too_long = (
+            not self.config.chunked_prefill
+            and len(seq.prompt_ids) > self.config.max_batch_prefill_tokens
+        )
         if peak > self.page_limit or too_long:
             seq.status, seq.finish_reason = Status.FINISHED, "error"
             return False
@@ -225,6 +229,15 @@ class Scheduler:
         max_size = self.config.max_batch_size
         if max_size is not None:
             max_size -= len(self._running)
+        head = self._waiting[0] if self._waiting else None
+        if (  # its logprobs need the whole prompt in one step: alone, the decode rows wait
+            not prompt
+            and head
+            and head.wants_prompt_logprobs
+            and head.total_len > budget
+            and (alone := self._admit(None, max_size, 1))
+        ):
+            return [self._row(s, n) for s, n in alone]
         prompt += [self._row(s, n) for s, n in self._admit(None, max_size, budget)]
         return decode + prompt if prompt else self._with_drafts(decode)
 
