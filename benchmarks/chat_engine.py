@@ -1,8 +1,9 @@
 """The multi-turn chat load of benchmarks.chat_load in-process, with the engine's own step
 timings: where a chat turn's time goes with the prefix cache on or off, classic or chunked.
 
-    python -m benchmarks.chat_engine [--cache on|off] [--chunked] [--conversations 8]
-        [--turns 4] [--system-tokens 1000] [--max-tokens 32] [--kv-tokens 65536]
+    python -m benchmarks.chat_engine [--cache on|off] [--chunked [--prefill-tokens B]]
+        [--conversations 8] [--turns 4] [--system-tokens 1000] [--max-tokens 32]
+        [--kv-tokens 65536]
 
 The default model's engine (`create_engine`, no HTTP), `--conversations` threads each sending
 `--turns` requests in sequence: a shared prefix of `--system-tokens` random token ids, then
@@ -33,6 +34,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", choices=("on", "off"), default="on")
     parser.add_argument("--chunked", action="store_true")
+    parser.add_argument(
+        "--prefill-tokens",
+        type=int,
+        default=None,
+        help="a step's token budget (the engine's default if unset)",
+    )
     parser.add_argument("--conversations", type=int, default=8)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--system-tokens", type=int, default=1000)
@@ -44,7 +51,11 @@ def main(argv=None) -> None:
     engine = create_engine(
         loaded,
         load_tokenizer(loaded.files),
-        LimitRequest(max_batch_total_tokens=args.kv_tokens, chunked_prefill=args.chunked),
+        LimitRequest(
+            max_batch_total_tokens=args.kv_tokens,
+            max_batch_prefill_tokens=args.prefill_tokens,
+            chunked_prefill=args.chunked,
+        ),
         EngineOptions(prefix_caching=args.cache == "on", progress=False),
         on_step=lambda kind, s, rows, tokens, *, ok: steps.append((kind, s, rows, tokens)),
     )
@@ -77,10 +88,17 @@ def main(argv=None) -> None:
         t.join()
     wall = time.monotonic() - start
     tokens = args.conversations * args.turns * args.max_tokens
-    print(f"cache {args.cache}, {'chunked' if args.chunked else 'classic'} prefill")
+    mode = "chunked" if args.chunked else "classic"
+    print(
+        f"cache {args.cache}, {mode} prefill, {engine.limits.max_batch_prefill_tokens}-token steps"
+    )
     print(f"wall {wall:.1f} s, output {tokens / wall:.1f} tok/s")
     for turn in range(args.turns):
         print(f"turn {turn + 1}: TTFT p50 {np.median(ttft[turn]):.2f} s")
+    later = [t for turn in range(1, args.turns) for t in ttft[turn]]
+    if later:
+        p50, p90 = np.percentile(later, [50, 90])
+        print(f"turns 2-{args.turns}: TTFT p50 {p50:.2f} s, p90 {p90:.2f} s")
     by_kind = collections.defaultdict(list)
     for kind, seconds, _, n in steps:
         by_kind[kind].append((seconds, n))

@@ -216,3 +216,19 @@ def test_main_exit_statuses(monkeypatch, capsys):
         "max_total_tokens=256 max_batch_prefill_tokens=512 max_batch_total_tokens=4096 "
         "max_batch_size=auto page_size=16 chunked_prefill=on max_concurrent_requests=128\n"
     )
+
+
+def test_prefill_chunking_is_off_unless_turned_on(monkeypatch):
+    """PREFILL_CHUNKING (TGI's variable) defaults off here (measured: BENCHMARKS.md); `1` /
+    `true` chunk. The step budget stays unset: the engine sizes it for the platform."""
+    from tgix.serve import limit_request
+
+    settings = parse_args([], environ={})
+    monkeypatch.delenv("PREFILL_CHUNKING", raising=False)
+    classic = limit_request(settings)
+    assert not classic.chunked_prefill and classic.max_batch_prefill_tokens is None
+    for on in ("1", "true", "TRUE"):
+        monkeypatch.setenv("PREFILL_CHUNKING", on)
+        assert limit_request(settings).chunked_prefill
+    monkeypatch.setenv("PREFILL_CHUNKING", "0")
+    assert not limit_request(settings).chunked_prefill
