@@ -32,7 +32,7 @@ def limit_request(settings):
         max_waiting_tokens=settings.max_waiting_tokens,
         waiting_served_ratio=settings.waiting_served_ratio,
         # off by default here (TGI 3 chunks by default): with the CPU's 128-token steps it
-        # answers cached chat turns sooner but serves 15-20% fewer tokens/s on the peers load
+        # answers cached chat turns sooner but serves 6-18% fewer tokens/s on the peers load
         # (BENCHMARKS.md, "Multi-turn chat", fourth run)
         chunked_prefill=env_flag("PREFILL_CHUNKING", default=False),
     )
