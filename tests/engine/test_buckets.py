@@ -52,7 +52,8 @@ def test_prefix_caching_adds_mixed_shapes_for_any_prefill_step():
 
 def test_chunked_fresh_steps_stop_at_the_budget_unless_prompt_logprobs_need_a_whole_prompt():
     """With chunking every prompt (and recompute) is cut to the budget, so no fresh step is
-    longer than it, or than 16 rows a row; a prompt-logprobs prompt runs whole (alone)."""
+    longer than it (or than 16 tokens a row, for many short prompts); a prompt-logprobs prompt
+    runs whole (alone)."""
     kw = dict(max_batch_prefill_tokens=256, max_total_tokens=4096, page_size=16)
     chunked = Buckets.build(**kw, max_batch_size=8, chunked_prefill=True)
     assert chunked.prefill_tokens[-1] == 256 and chunked.mixed_tokens[-1] == 256

@@ -28,7 +28,7 @@ from tgix.grammar import regex_tree as rt
 from tgix.grammar.automaton import DEAD, ByteDFA
 from tgix.grammar.errors import GrammarError
 from tgix.grammar.json_any import NESTED
-from tgix.grammar.lazy_inline import inlined_atomics
+from tgix.grammar.lazy_inline import MAX_COPIES, inlined_atomics, repeat_copies
 from tgix.grammar.lazy_shared import COMMON, Shared, empty_or_raise
 from tgix.grammar.nfa import Nfa, build, check_deadline
 
@@ -370,8 +370,7 @@ class _CallingNfa(Nfa):
         return entry, exit_
 
     def repeat(self, build, lo: int, hi: int | None):
-        copies = lo + (1 if hi is None else hi - lo)
-        if copies <= 2:
+        if repeat_copies(lo, hi) <= MAX_COPIES:
             return super().repeat(build, lo, hi)
         if hi is not None and hi < lo:
             raise GrammarError(f"invalid regex repetition {{{lo},{hi}}}: max below min")

@@ -14,6 +14,13 @@ from __future__ import annotations
 
 from tgix.grammar import regex_tree as rt
 
+MAX_COPIES = 2  # a repeat whose body would be copied more often builds it once and counts
+
+
+def repeat_copies(lo: int, hi: int | None) -> int:
+    """Copies of its body a repeat {lo,hi} puts in the NFA when built by copying."""
+    return lo + (1 if hi is None else max(hi - lo, 0))
+
 
 def inlined_atomics(root: rt.Node) -> set[int]:
     """ids of the one-part `Both` nodes under `root` that the root's NFA builds exactly once
@@ -56,8 +63,8 @@ def _children(node: rt.Node) -> list[tuple[rt.Node, int]]:
     if isinstance(node, rt.Alt):
         return [(p, 1) for p in node.options]
     if isinstance(node, rt.Repeat):
-        copies = node.lo + (1 if node.hi is None else max(node.hi - node.lo, 0))
-        return [(node.node, copies if copies <= 2 else 1)]  # more: one body, counted
+        copies = repeat_copies(node.lo, node.hi)
+        return [(node.node, copies if copies <= MAX_COPIES else 1)]  # more: one body, counted
     if _is_atomic(node):
         return [(node.parts[0], 1)]
     return []
