@@ -7,7 +7,8 @@ on and off, llama.cpp's `llama-server` with its prompt cache, and vLLM's CPU bui
     python -m benchmarks.chat_load [--conversations 8] [--turns 4] [--system-tokens 1000]
         [--max-tokens 32] [--repeats 1] [--settle 10] [--kv-tokens 65536]
         [--chunked] [--no-llama-cpp] [--no-vllm] [--vllm-python PATH] [--vllm-dtype float32]
-        [--vllm-kv-gib 4] [--vllm-reserved-cpus N] [--start-timeout 1200] [--json PATH]
+        [--vllm-kv-gib 4] [--vllm-reserved-cpus N] [--start-timeout 1200] [--only NAME ...]
+        [--json PATH]
 
 Load: --conversations conversations at once, closed loop (each sends its turns in sequence,
 the next when the last answer has ended). Every conversation opens with the same system prompt
@@ -452,6 +453,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=int,
         help="VLLM_CPU_NUM_OF_RESERVED_CPU (unset: vLLM's default, one core for its scheduler)",
     )
+    p.add_argument(
+        "--only", nargs="+", default=None, help="measure just these servers (names as printed)"
+    )
     p.add_argument("--json", default="benchmarks/results/chat_load.json")
     return p.parse_args(argv)
 
@@ -470,6 +474,9 @@ def main(argv=None) -> int:
     turn1_tokens = len(tokenizer.encode(tokenizer.apply_chat_template(first), False))
     print(f"system prompt: {system_tokens} tokens; turn-1 prompt: {turn1_tokens} tokens")
     chosen, skipped = servers(args)
+    if args.only:
+        skipped |= {s.name: "not in --only" for s in chosen if s.name not in args.only}
+        chosen = [s for s in chosen if s.name in args.only]
     for name, why in skipped.items():
         print(f"{name}: skipped ({why})")
     started = time.perf_counter()

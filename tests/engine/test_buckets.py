@@ -47,7 +47,7 @@ def test_prefix_caching_adds_mixed_shapes_for_any_prefill_step():
     past_prefix = [*rows([1], start=3), *rows([150], start=40)]
     assert cached.shape_for(past_prefix) == StepShape(False, 256, 8, 50)
     chunked = Buckets.build(**kw, chunked_prefill=True, prefix_caching=True)
-    assert chunked.mixed_tokens == (16, 32, 64)  # a chunked step stays within the budget
+    assert chunked.mixed_tokens == (16, 32, 48, 64)  # a chunked step stays within the budget
 
 
 def test_chunked_fresh_steps_stop_at_the_budget_unless_prompt_logprobs_need_a_whole_prompt():
@@ -92,11 +92,12 @@ def test_mixed_shapes_never_coincide_with_decode_shapes(batch):
     shapes = set(b.model_shapes())
     mixed = [s for s in shapes if not s.fresh and s.num_tokens != s.num_rows]
     decode = [s for s in shapes if not s.fresh and s.num_tokens == s.num_rows]
-    assert len(mixed) == len(b.mixed_tokens) and len(decode) == len(b.decode_rows)
+    assert {s.num_tokens for s in mixed} == set(b.mixed_tokens)
+    assert len(decode) == len(b.decode_rows)
     assert all(s.num_rows <= batch for s in mixed)
     assert {s.num_rows for s in mixed} <= {*b.decode_rows, batch}  # no new sampler shapes
     turn = b.shape_for(rows([34], start=1008))
-    assert turn in shapes and turn.num_tokens == 64 and turn.num_rows == min(batch, 32)
+    assert turn in shapes and turn.num_tokens == 64 and turn.num_rows == 8
     for n_rows in range(1, batch + 1):  # decode rows beside one prompt chunk
         for chunk in (2, 40, 300):
             step = b.shape_for([*rows([1] * (n_rows - 1), start=5), *rows([chunk], start=9)])
@@ -122,3 +123,29 @@ def test_speculation_adds_verify_shapes_of_rows_times_k_plus_1():
         max_batch_prefill_tokens=64, max_batch_size=8, max_total_tokens=64, page_size=4
     )
     assert not [s for s in plain.model_shapes() if s.verify]
+
+
+def test_mixed_steps_of_few_rows_take_the_small_row_shape():
+    """A chat turn beside a few decode rows runs in R = 8 (the LM head and the sampler for 8
+    rows, not T / 2); more rows take the T / 2 shape of the same T, or a larger T; chunked
+    mixed T step by 1.5x and 2x like fresh ones."""
+    b = Buckets.build(
+        max_batch_prefill_tokens=128,
+        max_batch_size=64,
+        max_total_tokens=4096,
+        page_size=16,
+        chunked_prefill=True,
+        prefix_caching=True,
+    )
+    assert b.mixed_tokens == (16, 32, 48, 64, 96, 128)
+    shapes = set(b.model_shapes())
+    mixed = sorted((s.num_tokens, s.num_rows) for s in shapes if not s.fresh and not s.verify)
+    mixed = [m for m in mixed if m[0] != m[1]]  # decode shapes have T = R
+    assert mixed == [(16, 8), (32, 8), (32, 16), (48, 8), (48, 16), (64, 8), (64, 32),
+                     (96, 8), (96, 32), (128, 8), (128, 64)]  # fmt: skip
+    turn = [*rows([1] * 3, start=1150), *rows([80], start=1150)]
+    assert b.shape_for(turn) == StepShape(False, 96, 8, 256)
+    busy = [*rows([1] * 12, start=1150), *rows([80], start=1150)]
+    assert b.shape_for(busy) == StepShape(False, 96, 32, 256)
+    full = [*rows([1] * 40, start=1150), *rows([30], start=1150)]
+    assert b.shape_for(full) == StepShape(False, 128, 64, 256)  # 70 tokens but 41 rows

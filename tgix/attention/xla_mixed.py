@@ -12,8 +12,8 @@ softmax carry:
              length) that loop only as far as their own longest history: each row's pages
              are read once, as they must be
   per row    every later token: each row's history pages are read once per window of its
-             tokens (16, 64 or 256 queries, the smallest that holds them; a longer row
-             loops over 256-token windows), whatever query blocks the row spans
+             tokens (WINDOWS: 16 to 256 queries, the smallest that holds them; a longer
+             row loops over 256-token windows), whatever query blocks the row spans
   own        the step's own K/V, causal within the row (prefill_attention's block loop)
 
 Every (token, earlier position) pair is seen by exactly one pass whatever the row order, so
@@ -39,7 +39,10 @@ from tgix.attention.xla import (
 )
 
 SUB_BLOCKS = (4, 8, 16)  # tokens of the per-token pass that share one loop bound
-WINDOWS = (16, 64, 256)  # query windows of the per-row pass, smallest first
+# query windows of the per-row pass, smallest first. A window computes all its queries: a
+# chat turn of 30-40 new tokens in a 64-query window cost 1.3-1.6x its 32- or 48-query one
+# (benchmarks.attention_history, 4 x 30 and 3 x 40 new tokens past 1,150 cached positions)
+WINDOWS = (16, 32, 48, 64, 96, 128, 256)
 
 
 def switch_by_size(sizes, n, branch, *operands):
