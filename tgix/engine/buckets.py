@@ -190,10 +190,11 @@ class Buckets:
 
     def mixed_rows(self, num_tokens: int) -> int:
         """R of the mixed step of T tokens: the largest power of two up to T / 2 (at most
-        max_rows; the largest T gets max_rows, so every step fits). A mixed step has a row of 2+ tokens, so it needs fewer
-        rows than tokens, and T > R is what tells it apart from a decode step (T = R): with
-        R = max_rows, a 64-token step past a cached prefix was the 64-row decode shape and
-        gathered its row's history once per token (5x slower past 1,000 cached tokens)."""
+        max_rows; the largest T gets max_rows, so every step fits). A mixed step has a row of
+        2+ tokens, so it needs fewer rows than tokens, and T > R is what tells it apart from a
+        decode step (T = R): with R = max_rows, a 64-token step past a cached prefix was the
+        64-row decode shape and gathered its row's history once per token (5x slower past
+        1,000 cached tokens)."""
         if num_tokens == self.mixed_tokens[-1]:
             return self.max_rows
         half = 1 << (num_tokens // 2).bit_length() - 1  # a power of two: a decode R's sampler
@@ -203,7 +204,7 @@ class Buckets:
         """The R of the mixed shapes of T tokens, ascending: SMALL_MIXED_ROWS too where it is
         fewer than mixed_rows(T) and T is at most SMALL_MIXED_MAX_T."""
         rows = self.mixed_rows(num_tokens)
-        if num_tokens <= SMALL_MIXED_MAX_T and SMALL_MIXED_ROWS < rows:
+        if num_tokens <= SMALL_MIXED_MAX_T and rows > SMALL_MIXED_ROWS:
             return (SMALL_MIXED_ROWS, rows)
         return (rows,)
 
