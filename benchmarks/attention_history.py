@@ -8,6 +8,8 @@ a 4,097-page pool), jitted alone, median of 20 calls after two warm-up calls:
   decode  paged_attention for R one-token rows at --history positions
   mixed   mixed_attention for one decode row plus R rows of n new tokens each past --history
           positions (prompts that start past a cached prefix), in a 64-row step
+  chat    the chat load's chunked steps (benchmarks.chat_load, 128-token budget): D decode
+          rows and R turns of n new tokens past --history positions in a T = 128 step
 for each --chunk-pages value (pages read per loop iteration). Prints ms per layer.
 """
 
@@ -27,6 +29,7 @@ from tgix.attention.xla import paged_attention
 from tgix.attention.xla_mixed import mixed_attention
 
 PAGE, KV_HEADS, HEAD_DIM, HEADS, POOL = 16, 3, 64, 9, 4097
+CHAT_STEPS = ((5, 3, 40), (7, 1, 34), (3, 1, 80), (0, 4, 30))  # (decode rows, turns, new ids)
 
 
 def _metadata(rows, num_tokens: int, num_rows: int) -> AttentionMetadata:
@@ -81,6 +84,17 @@ def main(argv=None) -> None:
             fn = jax.jit(functools.partial(mixed_attention, chunk_pages=chunk))
             ms = _ms(fn, q, kv_new, kv_new, k_pages, v_pages, md)
             print(f"mixed   1 decode + {rows} x {new} past {hist}, chunk {chunk}: {ms:.2f} ms")
+        for decode, rows, new in CHAT_STEPS:
+            batch = [RowInput([1], hist, _pages_of(i, hist)) for i in range(decode)]
+            batch += [RowInput([1] * new, hist, _pages_of(decode + i, hist)) for i in range(rows)]
+            md = _metadata(batch, 128, 64)
+            q = jnp.ones((128, HEADS, HEAD_DIM), jnp.float32)
+            kv_new = jnp.ones((128, KV_HEADS, HEAD_DIM), jnp.float32)
+            fn = jax.jit(functools.partial(mixed_attention, chunk_pages=chunk))
+            ms = _ms(fn, q, kv_new, kv_new, k_pages, v_pages, md)
+            print(
+                f"chat    {decode} decode + {rows} x {new} past {hist}, chunk {chunk}: {ms:.2f} ms"
+            )
 
 
 if __name__ == "__main__":

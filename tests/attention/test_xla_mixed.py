@@ -60,3 +60,14 @@ def test_mixed_equals_reference(steps, window, block, chunk_pages):
                           block=block, chunk_pages=chunk_pages)  # fmt: skip
     np.testing.assert_allclose(np.asarray(got)[:real], np.asarray(want)[:real], atol=2e-5)
     assert np.isfinite(np.asarray(got)).all()  # padding tokens too
+
+
+def test_every_query_window_size_equals_reference():
+    """Rows whose new tokens fill each of WINDOWS (16 ... 256, by 1.5x and 2x) and one longer
+    than the largest, in one 512-token step."""
+    shapes = [(5, 1), (9, 12), (3, 30), (11, 40), (7, 70), (2, 100), (6, 250)]
+    rng = np.random.default_rng(7)
+    q, k_new, v_new, k_pages, v_pages, md, real = random_step(rng, shapes, 512, 16)
+    want = reference_attention(q, k_pages, v_pages, md)
+    got = mixed_attention(q, k_new, v_new, k_pages, v_pages, md, chunk_pages=2)
+    np.testing.assert_allclose(np.asarray(got)[:real], np.asarray(want)[:real], atol=2e-5)
