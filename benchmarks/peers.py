@@ -4,7 +4,7 @@ on the same GGUF file, transformers float32 from it), plus the machine's rooflin
 
     python -m benchmarks.llama_cpp build        # once (about 15 minutes on 2 cores)
     python -m benchmarks.peers [--concurrency 1 4 8 16 32 64] [--new-tokens 32]
-        [--prompt-words 64] [--requests 8] [--rounds 3] [--settle 10] [--repeats 1]
+        [--prompt-words 64] [--requests 8] [--rounds 3] [--settle 30] [--repeats 1]
         [--no-llama-cpp] [--no-hf]
 
 In order, each engine alone on the machine:
@@ -19,8 +19,9 @@ In order, each engine alone on the machine:
     distinct prompts per set, so no prompt repeats and llama-server's prompt cache never
     hits). Each server is left idle for `--settle` seconds after /health answers before the
     sweep: a deployed server is up before its traffic comes, and tgix runs each cheap step
-    shape once while idle (its first call on XLA:CPU is 0.1-0.3 s slower: prewarm.py;
-    llama-server warms up before it answers /health). Each server is stopped (its whole
+    shape once while idle (its first call on XLA:CPU is 0.1-0.3 s slower: prewarm.py; 60
+    shapes took 17-19 s on 2026-12-06, hence 30 s; llama-server warms up before it answers
+    /health). Each server is stopped (its whole
     process group) before the next starts.
  3. transformers `generate` on static batches of the synthetic prompts (tokenized, cut to the
     shortest so the batch needs no padding), batch = concurrency: output tok/s = B N / t(N),
@@ -214,7 +215,7 @@ def main(argv=None) -> int:
     parser.add_argument("--time-limit", type=float, default=90, help="seconds per level")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument(
-        "--settle", type=float, default=10, help="idle seconds after /health, every server"
+        "--settle", type=float, default=30, help="idle seconds after /health, every server"
     )
     parser.add_argument("--no-llama-cpp", action="store_true")
     parser.add_argument("--no-hf", action="store_true")
