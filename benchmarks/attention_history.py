@@ -29,7 +29,11 @@ from tgix.attention.xla import paged_attention
 from tgix.attention.xla_mixed import mixed_attention
 
 PAGE, KV_HEADS, HEAD_DIM, HEADS, POOL = 16, 3, 64, 9, 4097
-CHAT_STEPS = ((5, 3, 40), (7, 1, 34), (3, 1, 80), (0, 4, 30))  # (decode rows, turns, new ids)
+# (label, decode rows, prompt rows, new ids a prompt row, T of the step)
+STEPS = [("mixed", 1, rows, new, 512 if rows * new > 63 else 64)
+         for rows, new in ((1, 38), (7, 8), (7, 38))]  # fmt: skip
+STEPS += [("chat", decode, rows, new, 128)
+          for decode, rows, new in ((5, 3, 40), (7, 1, 34), (3, 1, 80), (0, 4, 30))]  # fmt: skip
 
 
 def _metadata(rows, num_tokens: int, num_rows: int) -> AttentionMetadata:
@@ -51,7 +55,8 @@ def _ms(fn, *args) -> float:
 
 
 def _pages_of(row: int, history: int) -> list[int]:
-    per_row = -(-(history + 64) // PAGE)
+    """Row `row`'s own pages: its history and up to 128 new tokens (STEPS' rows have 80)."""
+    per_row = -(-(history + 128) // PAGE)
     return list(range(1 + row * per_row, 1 + (row + 1) * per_row))
 
 
@@ -72,29 +77,16 @@ def main(argv=None) -> None:
             fn = jax.jit(functools.partial(paged_attention, chunk_pages=chunk))
             ms = _ms(fn, q, k_pages, v_pages, md)
             print(f"decode  {rows} rows at {hist}, chunk {chunk}: {ms:.2f} ms")
-        for rows, new in ((1, 38), (7, 8), (7, 38)):
-            prompt_rows = [
-                RowInput([1] * new, hist, _pages_of(i, hist)) for i in range(1, rows + 1)
-            ]
-            batch = [RowInput([1], hist, _pages_of(0, hist)), *prompt_rows]
-            num_tokens = 512 if rows * new > 63 else 64
+        mixed = jax.jit(functools.partial(mixed_attention, chunk_pages=chunk))
+        for label, decode, rows, new, num_tokens in STEPS:
+            batch = [RowInput([1], hist, _pages_of(i, hist)) for i in range(decode)]
+            batch += [RowInput([1] * new, hist, _pages_of(decode + i, hist)) for i in range(rows)]
             md = _metadata(batch, num_tokens, 64)
             q = jnp.ones((num_tokens, HEADS, HEAD_DIM), jnp.float32)
             kv_new = jnp.ones((num_tokens, KV_HEADS, HEAD_DIM), jnp.float32)
-            fn = jax.jit(functools.partial(mixed_attention, chunk_pages=chunk))
-            ms = _ms(fn, q, kv_new, kv_new, k_pages, v_pages, md)
-            print(f"mixed   1 decode + {rows} x {new} past {hist}, chunk {chunk}: {ms:.2f} ms")
-        for decode, rows, new in CHAT_STEPS:
-            batch = [RowInput([1], hist, _pages_of(i, hist)) for i in range(decode)]
-            batch += [RowInput([1] * new, hist, _pages_of(decode + i, hist)) for i in range(rows)]
-            md = _metadata(batch, 128, 64)
-            q = jnp.ones((128, HEADS, HEAD_DIM), jnp.float32)
-            kv_new = jnp.ones((128, KV_HEADS, HEAD_DIM), jnp.float32)
-            fn = jax.jit(functools.partial(mixed_attention, chunk_pages=chunk))
-            ms = _ms(fn, q, kv_new, kv_new, k_pages, v_pages, md)
-            print(
-                f"chat    {decode} decode + {rows} x {new} past {hist}, chunk {chunk}: {ms:.2f} ms"
-            )
+            ms = _ms(mixed, q, kv_new, kv_new, k_pages, v_pages, md)
+            step = f"{decode} decode + {rows} x {new} past {hist}"
+            print(f"{label:7s} {step}, chunk {chunk}: {ms:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,7 @@ In order, each engine alone on the machine:
     sweep: a deployed server is up before its traffic comes, and tgix runs each cheap step
     shape once while idle (its first call on XLA:CPU is 0.1-0.3 s slower: prewarm.py; 60
     shapes took 17-19 s on 2026-12-06, hence 30 s; llama-server warms up before it answers
-    /health). Each server is stopped (its whole
-    process group) before the next starts.
+    /health). Each server is stopped (its whole process group) before the next starts.
  3. transformers `generate` on static batches of the synthetic prompts (tokenized, cut to the
     shortest so the batch needs no padding), batch = concurrency: output tok/s = B N / t(N),
     TTFT = t(1) (the whole batch's prefill), TPOT = (t(N) - t(1)) / (N - 1).

@@ -39,9 +39,9 @@ from tgix.attention.xla import (
 )
 
 SUB_BLOCKS = (4, 8, 16)  # tokens of the per-token pass that share one loop bound
-# query windows of the per-row pass, smallest first. A window computes all its queries: a
-# chat turn of 30-40 new tokens in a 64-query window cost 1.3-1.6x its 32- or 48-query one
-# (benchmarks.attention_history, 4 x 30 and 3 x 40 new tokens past 1,150 cached positions)
+# query windows of the per-row pass, smallest first. A window computes all its queries: with
+# 64-query windows for chat turns of 30-40 new tokens past 1,150 cached positions, a step's
+# attention took 1.1-1.7x its time with 32- or 48-query ones (BENCHMARKS.md, "Fifth run")
 WINDOWS = (16, 32, 48, 64, 96, 128, 256)
 
 

@@ -197,7 +197,7 @@ class Buckets:
         1,000 cached tokens)."""
         if num_tokens == self.mixed_tokens[-1]:
             return self.max_rows
-        half = 1 << (num_tokens // 2).bit_length() - 1  # a power of two: a decode R's sampler
+        half = 1 << ((num_tokens // 2).bit_length() - 1)  # a power of two: a decode R's sampler
         return min(self.max_rows, half)
 
     def mixed_row_options(self, num_tokens: int) -> tuple[int, ...]:
