@@ -351,6 +351,32 @@ def test_draft_pages_are_taken_for_the_step_and_given_back_after_it(make):
     dev.sched.finish("a", None)  # (the fake device holds no KV for the unrecorded steps)
 
 
+def test_a_paused_row_drafts_anyway_while_its_text_repeats_its_context(make):
+    """After a verify step that kept no draft the row sits steps out (pause_after), unless
+    its last three ids occurred earlier in its prompt + output (it is copying: a quote, a
+    rewritten file; what prompt lookup needs to draft at all)."""
+    from tgix.engine.speculate import Draft, repeats_context
+
+    dev = make(num_pages=16, page_size=4, speculate=3, speculate_rows=4)
+    dev.sched.drafter = lambda seq: Draft((11, 12, 13))
+    for rid, first, rejected, copying in (("a", 50, 51, False), ("b", 41, 42, True)):
+        seq = dev.add(rid, 6, 12, prompt=[7, 41, 42, 43, 44, 7])
+        dev.step()
+        seq.output_ids[-1] = first  # the prompt's sampled token, set for the test
+        step = dev.sched.schedule()
+        assert step.rows[0].num_logits == 4
+        dev.sched.on_step_done(step, {rid: [rejected]})  # every draft rejected
+        assert seq.draft_pause == 1
+        # "7 50 51" never occurred before; "7 41 42" opens the prompt
+        assert repeats_context(seq) is copying
+        step = dev.sched.schedule()
+        (row,) = step.rows
+        assert (row.num_logits, seq.draft_pause) == ((4 if copying else 1), 0)
+        assert row.token_ids[1:] == ((11, 12, 13) if copying else ())
+        dev.sched.on_step_done(step, {rid: [7]})
+        dev.sched.finish(rid, None)
+
+
 def test_chunked_prompt_logprobs_over_the_budget_run_whole_in_a_step_alone(make):
     """Prompt logprobs need every prompt token in one step: with chunking such a prompt
     longer than the budget is taken whole in a fresh step of its own (decode rows wait that

@@ -20,7 +20,9 @@ from tgix.engine.speculate import (
     NO_DRAFT,
     NgramProposer,
     accepted_length,
+    may_draft,
     plan_draft,
+    repeats_context,
     speculate_rows,
 )
 from tgix.grammar import GrammarSpec
@@ -67,7 +69,7 @@ class Garbage:
 
 
 def test_ngram_takes_the_longest_latest_match():
-    p = NgramProposer(max_n=3).lookup  # over a list of ids
+    p = NgramProposer(max_n=3, min_n=1).lookup  # over a list of ids
     #           0  1  2  3  4  5  6  7  8  9
     assert p([5, 6, 7, 1, 2, 5, 6, 7, 3, 4, 6, 7], 2) == (3, 4)  # "6 7" latest: 3 4
     assert p([1, 2, 3, 9, 9, 2, 3, 8, 1, 2, 3], 3) == (9, 9, 2)  # 3-gram over 2-gram
@@ -76,8 +78,25 @@ def test_ngram_takes_the_longest_latest_match():
     assert p([4, 4], 2) == (4,)
     assert p([7], 3) == () and p([1, 2, 1], 0) == ()
     assert NgramProposer(max_n=3, min_n=2).lookup([1, 2, 3, 9, 3], 2) == ()
-    # a request's ids: the prompt, then its output
-    assert NgramProposer().propose(seq_of([1, 2, 3, 4, 1]), 2) == (2, 3)
+    # longer than half the ids: no earlier occurrence fits
+    assert NgramProposer(max_n=8, min_n=1).lookup([1, 2, 1, 2, 1], 2) == (2, 1)
+    # a request's ids: the prompt (1 2 3), then its output; the default wants 3-gram matches
+    assert NgramProposer().propose(seq_of([1, 2, 3, 4, 1]), 2) == ()
+    assert NgramProposer().propose(seq_of([4, 1, 2, 3]), 2) == (4, 1)
+    # does a row's last 3 known ids repeat its context? (placeholders never)
+    assert repeats_context(seq_of([4, 1, 2, 3])) and not repeats_context(seq_of([4, 1, 2]))
+    assert not repeats_context(seq_of([4, 1, 2, -1])) and not repeats_context(seq_of([]))
+    assert repeats_context(seq_of([4, 1, 2]), 2)
+    # may the next step draft? (else the engine may run it ahead): prompt lookup needs a
+    # repeated 3-gram; other proposers draft unless paused (and not copying)
+    ngram, other = NgramProposer(), NoDrafts()
+    assert may_draft(seq_of([4, 1, 2, 3]), ngram) and not may_draft(seq_of([4, 1, 2]), ngram)
+    paused = seq_of([4, 1, 2])
+    assert may_draft(paused, other)
+    paused.draft_pause = 3
+    assert not may_draft(paused, other)
+    paused.output_ids.append(3)  # "1 2 3" again: copying
+    assert may_draft(paused, other)
 
 
 def test_accepted_length():

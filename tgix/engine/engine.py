@@ -44,7 +44,13 @@ from tgix.engine.runahead import (
 )
 from tgix.engine.runner import Runner
 from tgix.engine.scheduler import Scheduler
-from tgix.engine.speculate import MedusaProposer, NgramProposer, Proposer, plan_draft
+from tgix.engine.speculate import (
+    MedusaProposer,
+    NgramProposer,
+    Proposer,
+    may_draft,
+    plan_draft,
+)
 from tgix.engine.step_inputs import request_images, row_inputs
 from tgix.engine.stream import RequestStream
 
@@ -264,7 +270,7 @@ class Engine:
         if not self._overlap or inflight.plan.all_logits or inflight.plan.verify:
             return None
         drafting = self.speculate and len(inflight.rows) <= self.scheduler.config.speculate_rows
-        if drafting and any(s is not None and s.draft_pause == 0 for s in inflight.seqs):
+        if drafting and any(s is not None and may_draft(s, self.proposer) for s in inflight.seqs):
             return None  # the next step may draft: its drafts need this step's tokens
         if self._inbox or self.scheduler.num_waiting:
             return None

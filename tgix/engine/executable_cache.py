@@ -44,6 +44,7 @@ def _environment() -> str:
             jaxlib.__version__,
             jax.default_backend(),
             [(d.platform, d.device_kind) for d in devices],
+            os.environ.get("XLA_FLAGS", ""),  # compiler options (fusion types, ISA)
         )
     )
 

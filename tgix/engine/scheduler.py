@@ -18,7 +18,7 @@ from tgix.engine.kv_manager import KVManager
 from tgix.engine.plan import PlanRow, RowKind, StepPlan
 from tgix.engine.prefix import PrefixIndex
 from tgix.engine.request_state import RequestState, Status
-from tgix.engine.speculate import NO_DRAFT, Draft, pause_after
+from tgix.engine.speculate import NO_DRAFT, Draft, pause_after, repeats_context
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -314,8 +314,9 @@ class Scheduler:
             seq.draft = NO_DRAFT
             if seq.draft_pause > 0:  # its last drafts were rejected (speculate.pause_after)
                 seq.draft_pause -= 1
-                out.append(row)
-                continue
+                if not repeats_context(seq):  # unless its text is copying its context
+                    out.append(row)
+                    continue
             draft = self.drafter(seq) if len(row.token_ids) == 1 else NO_DRAFT
             tokens = draft.tokens
             if tokens:

@@ -2,11 +2,12 @@
 may go before the step verifies it.
 
 A proposer guesses the next k tokens of a request from what it has (`Proposer.propose(seq,
-k)`). `NgramProposer` is prompt lookup: the longest suffix of prompt + generated ids (max_n
-down to min_n tokens) that occurred earlier, and the tokens that followed its latest earlier
-occurrence. TGI's rule is the 1-gram, first-match case (`create_n_gram_speculation`); a
-longer, more recent match is the better guess on code edits and extractive answers, where the
-text being copied is the one the last tokens came from. `MedusaProposer` hands on what a
+k)`). `NgramProposer` is prompt lookup: the longest suffix of prompt + generated ids (8 down to
+3 tokens) that occurred earlier, and the tokens that followed its latest earlier occurrence.
+TGI's rule is the 1-gram, first-match case (`create_n_gram_speculation`); a longer, more
+recent match is the better guess on code edits and extractive answers, where the text being
+copied is the one the last tokens came from, and shorter matches than 3 keep too few drafts
+to pay for a verify step (MIN_MATCH). `MedusaProposer` hands on what a
 Medusa model's heads guessed in the request's last step (tgix/models/medusa.py), while the
 token they guessed after is still the request's last one.
 
@@ -33,6 +34,13 @@ if TYPE_CHECKING:
     from tgix.engine.request_state import RequestState
 
 LOOKBACK = 8192  # tokens searched for a match (the scan is linear in it)
+# Prompt lookup's shortest match. What a draft keeps, by the length n of the suffix match
+# it came from (default model, `benchmarks.speculate`'s code / QA / chat answers, 7-token
+# drafts): n = 1 0.2-0.6 tokens, n = 2 0.5-1.9, n = 3 1.3-4.2, n >= 8 5.7-6.6. The model
+# step alone (Runner executables, 600 tokens of history, 2 cores) takes 29 ms to decode
+# one token and 58-73 ms to verify 3 to 8 (small-T GEMMs are compute-bound here), so a
+# draft pays from about 1.2 kept tokens: from n = 3 (BENCHMARKS.md, speculative decoding).
+MIN_MATCH = 3
 
 
 class Proposer(Protocol):
@@ -47,34 +55,60 @@ class NgramProposer:
     min_n) found earlier in ids, latest occurrence first; its k followers are the draft.
     A match whose continuation is shorter than k (it ran into the end) gives what there is."""
 
-    max_n: int = 3
-    min_n: int = 1
+    max_n: int = 8
+    min_n: int = MIN_MATCH
 
     def propose(self, seq: RequestState, k: int) -> tuple[int, ...]:
-        tail = seq.output_ids[-LOOKBACK:]
-        if len(tail) < LOOKBACK:
-            tail = seq.prompt_ids[len(tail) - LOOKBACK :] + tail
-        return self.lookup(tail, k)
+        return self.lookup(context_ids(seq), k)
 
     def lookup(self, ids: Sequence[int], k: int) -> tuple[int, ...]:
         """The draft after ids (the last LOOKBACK of them are searched)."""
         if k <= 0 or len(ids) < 2:
             return ()
         seq = np.asarray(ids[-LOOKBACK:], dtype=np.int64)
-        size = len(seq)
-        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
-            suffix = seq[size - n :]
-            # starts s < size - n where seq[s : s + n] == suffix, found by ANDing shifted
-            # equalities (n is small: a few vector passes over the window)
-            hits = seq[: size - n] == suffix[0]
-            for j in range(1, n):
-                hits[: size - n - j] &= seq[j : size - n] == suffix[j]
-                hits[size - n - j :] = False
-            starts = np.flatnonzero(hits)
-            if starts.size:
-                follow = int(starts[-1]) + n
-                return tuple(int(t) for t in seq[follow : follow + k])
+        for n in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
+            start = latest_match(seq, n)
+            if start is not None:
+                return tuple(int(t) for t in seq[start + n : start + n + k])
         return ()
+
+
+def context_ids(seq: RequestState) -> list[int]:
+    """The last LOOKBACK of the request's prompt + output ids: what prompt lookup searches."""
+    tail = seq.output_ids[-LOOKBACK:]
+    if len(tail) < LOOKBACK:
+        tail = seq.prompt_ids[len(tail) - LOOKBACK :] + tail
+    return tail
+
+
+def latest_match(seq: np.ndarray, n: int) -> int | None:
+    """The latest start s < len(seq) - n with seq[s : s + n] == seq[-n:], or None. Found by
+    ANDing shifted equalities (n is small: a few vector passes over the window)."""
+    size = len(seq)
+    if n <= 0 or size <= n:
+        return None
+    suffix = seq[size - n :]
+    hits = seq[: size - n] == suffix[0]
+    for j in range(1, n):
+        stop = size - n - j  # an occurrence ends before the suffix starts
+        if stop <= 0:
+            return None
+        hits[:stop] &= seq[j : size - n] == suffix[j]
+        hits[stop:] = False
+    starts = np.flatnonzero(hits)
+    return int(starts[-1]) if starts.size else None
+
+
+def repeats_context(seq: RequestState, n: int | None = None) -> bool:
+    """Whether the request's last n (default MIN_MATCH) known ids occurred earlier in its
+    context: the text is copying (a quote, a rewritten file), and prompt lookup has a draft.
+    A row paused after rejected drafts (pause_after) drafts anyway then. A placeholder
+    (run-ahead) matches nothing."""
+    n = MIN_MATCH if n is None else n
+    ids = context_ids(seq)
+    if len(ids) <= n or min(ids[-n:]) < 0:
+        return False
+    return latest_match(np.asarray(ids[-LOOKBACK:], dtype=np.int64), n) is not None
 
 
 class MedusaProposer:
@@ -87,6 +121,17 @@ class MedusaProposer:
         if heads is None or heads.position != seq.total_len - 1:
             return ()
         return heads.tokens[:k]
+
+
+def may_draft(seq: RequestState, proposer: Proposer) -> bool:
+    """Whether seq's next step may carry drafts, judged from its known ids (what the engine
+    asks before running a step ahead, which leaves that step without drafts). Prompt
+    lookup drafts only past a repeated MIN_MATCH-gram, so a row whose last known ids repeat
+    none runs ahead (free chat keeps run-ahead's overlap); other proposers may draft unless
+    the row is paused and not copying."""
+    if isinstance(proposer, NgramProposer):
+        return repeats_context(seq, proposer.min_n)
+    return seq.draft_pause == 0 or repeats_context(seq)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +203,8 @@ def pause_after(misses: int) -> int:
     Text that does not repeat its context (free chat, where a chance hit now and then must
     not restart drafting every step) then costs verify steps rarely, and a row whose drafts
     start hitting again (a quote, a copied block) is back to drafting every step within a few
-    steps. While every row pauses, decode steps run ahead."""
+    steps. A paused row whose text repeats its context drafts anyway (repeats_context).
+    While every row pauses, decode steps run ahead."""
     return min(2**misses - 1, 15)
 
 
