@@ -63,10 +63,11 @@ def time_step(runner, rows, shape) -> float:
     step = runner.executables.model_for(shape)
 
     def call():
-        logits, _, _, runner.kv = step(
-            runner._params, packed["token_ids"], runner.kv, md, packed["logits_indices"]
-        )
-        logits.block_until_ready()
+        out = step(
+            runner._params, packed["token_ids"], runner.kv, md, packed["logits_indices"], {}
+        )  # -> logits, prompt scores, drafts, expert load, kv
+        runner.kv = out[-1]
+        out[0].block_until_ready()
 
     return median_ms(call)
 

@@ -210,10 +210,11 @@ def pause_after(misses: int) -> int:
 
 MAX_SPECULATE = 8  # --speculate above this is refused (each verify shape holds R * (k+1))
 # A verify step stops paying once its R * (k+1) tokens make the step compute-bound. On XLA:CPU
-# (f32, SmolLM2-135M, 2 cores) a verify step of T tokens costs, in decode steps: T=4 1.2,
-# T=8 1.3-1.5, T=16 2.0-2.5, T=32 2.7 (`python -m benchmarks.speculate --verify-cost`,
-# BENCHMARKS.md): past 8 tokens the drafts would have to be nearly always right. Accelerators
-# stay memory-bound far longer (TGI skips Medusa above 128 tokens; not measured here yet).
+# (f32, SmolLM2-135M, 2 cores) the model step of T tokens costs about 2.2 decode steps from
+# T=3 to T=8 (BENCHMARKS.md, "Speculative decoding, again") and more past that (inter-token
+# times at T=16-64 measured 2.0-4.0x, an understatement): past 8 tokens the drafts would
+# have to be nearly always right. Accelerators stay memory-bound far longer (TGI skips Medusa
+# above 128 tokens; not measured here yet).
 VERIFY_TOKENS = {"cpu": 8, "accelerator": 128}
 
 
