@@ -82,8 +82,9 @@ def context_ids(seq: RequestState) -> list[int]:
 
 
 def latest_match(seq: np.ndarray, n: int) -> int | None:
-    """The latest start s < len(seq) - n with seq[s : s + n] == seq[-n:], or None. Found by
-    ANDing shifted equalities (n is small: a few vector passes over the window)."""
+    """The latest start s with seq[s : s + n] == seq[-n:] that ends by the time the suffix
+    starts (s + n <= len(seq) - n, for n > 1), or None. Found by ANDing shifted equalities
+    (n is small: a few vector passes over the window)."""
     size = len(seq)
     if n <= 0 or size <= n:
         return None
