@@ -157,7 +157,9 @@ NEW_FAMILIES: tuple[str, ...] = tuple(f for f in FAMILIES if f not in LLAMA_FAMI
 # Speculation and Medusa tests: drafts and their verification do not depend on the family
 # once the forward matches transformers (the parity tests, every family), except through
 # what a verify step changes per token: dynamic rope and LongRoPE's switch (tokenwise), the
-# sliding window, soft-capped scores, tied heads and biases.
+# sliding window (alternating with global layers in gemma3), soft-capped scores, tied heads
+# and biases, and an MoE's routing of k+1 tokens a row (mixtral).
 SPECULATION_FAMILIES: tuple[str, ...] = (
-    "llama_dynamic", "mistral", "smollm", "qwen2", "phi3_longrope", "gemma2",
+    "llama_dynamic", "mistral", "smollm", "qwen2", "phi3_longrope", "gemma2", "gemma3",
+    "mixtral",
 )  # fmt: skip
