@@ -66,11 +66,15 @@ class NgramProposer:
         if k <= 0 or len(ids) < 2:
             return ()
         seq = np.asarray(ids[-LOOKBACK:], dtype=np.int64)
-        for n in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
-            start = latest_match(seq, n)
-            if start is not None:
-                return tuple(int(t) for t in seq[start + n : start + n + k])
-        return ()
+        ends = match_ends(seq, self.min_n)
+        size = len(seq)
+        for n in range(self.min_n + 1, self.max_n + 1):  # keep those the longer suffix matches
+            longer = ends[(ends >= n) & (ends <= size - n)]
+            longer = longer[seq[longer - n] == seq[size - n]]
+            if not longer.size:
+                break
+            ends = longer
+        return tuple(int(t) for t in seq[ends[-1] : ends[-1] + k]) if ends.size else ()
 
 
 def context_ids(seq: RequestState) -> list[int]:
@@ -81,23 +85,17 @@ def context_ids(seq: RequestState) -> list[int]:
     return tail
 
 
-def latest_match(seq: np.ndarray, n: int) -> int | None:
-    """The latest start s with seq[s : s + n] == seq[-n:] that ends by the time the suffix
-    starts (s + n <= len(seq) - n, for n > 1), or None. Found by ANDing shifted equalities
-    (n is small: a few vector passes over the window)."""
+def match_ends(seq: np.ndarray, n: int) -> np.ndarray:
+    """Ends e, ascending, of the earlier occurrences of seq's last n ids (seq[e - n : e] ==
+    seq[-n:]) that end by the time that suffix starts (e <= len(seq) - n). One vector
+    comparison per suffix position (n is small)."""
     size = len(seq)
-    if n <= 0 or size <= n:
-        return None
-    suffix = seq[size - n :]
-    hits = seq[: size - n] == suffix[0]
-    for j in range(1, n):
-        stop = size - n - j  # an occurrence ends before the suffix starts
-        if stop <= 0:
-            return None
-        hits[:stop] &= seq[j : size - n] == suffix[j]
-        hits[stop:] = False
-    starts = np.flatnonzero(hits)
-    return int(starts[-1]) if starts.size else None
+    if n <= 0 or size < 2 * n:
+        return np.zeros(0, dtype=np.int64)
+    ok = np.ones(size - 2 * n + 1, dtype=bool)  # for e = n .. size - n
+    for j in range(1, n + 1):
+        ok &= seq[n - j : size - n + 1 - j] == seq[size - j]
+    return np.flatnonzero(ok) + n
 
 
 def repeats_context(seq: RequestState, n: int | None = None) -> bool:
@@ -109,7 +107,7 @@ def repeats_context(seq: RequestState, n: int | None = None) -> bool:
     ids = context_ids(seq)
     if len(ids) <= n or min(ids[-n:]) < 0:
         return False
-    return latest_match(np.asarray(ids[-LOOKBACK:], dtype=np.int64), n) is not None
+    return match_ends(np.asarray(ids[-LOOKBACK:], dtype=np.int64), n).size > 0
 
 
 class MedusaProposer:
