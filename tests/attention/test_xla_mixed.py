@@ -8,12 +8,12 @@ import pytest
 from tgix.attention.contract import METADATA_FIELDS, AttentionMetadata
 from tgix.attention.pack import RowInput, pack_step
 from tgix.attention.reference import reference_attention
-from tgix.attention.xla_mixed import mixed_attention
+from tgix.attention.xla_mixed import BIG_CHUNK_PAGES, big_chunks, mixed_attention
 
 N, K, H, PAGE = 6, 2, 8, 4
 
 
-def random_step(rng, shapes, num_tokens, num_rows):
+def random_step(rng, shapes, num_tokens, num_rows, pages_per_row=64):
     """Rows given as (cached, new) token counts on shuffled pages; pages hold random K/V for
     every position (history and this step's), k_new/v_new are this step's slice of them."""
     free = iter(rng.permutation(np.arange(1, 400)))
@@ -22,7 +22,7 @@ def random_step(rng, shapes, num_tokens, num_rows):
         pages = [int(next(free)) for _ in range(-(-(cached + new) // PAGE))]
         rows.append(RowInput([0] * new, cached, pages))
     arrays = pack_step(rows, page_size=PAGE, num_tokens=num_tokens, num_rows=num_rows,
-                       pages_per_row=64)  # fmt: skip
+                       pages_per_row=pages_per_row)  # fmt: skip
     md = AttentionMetadata(**{f: jnp.asarray(arrays[f]) for f in METADATA_FIELDS})
     k_pages, v_pages = (rng.normal(size=(400, PAGE, K, H)).astype(np.float32) for _ in "kv")
     k_pages[0] = v_pages[0] = 1e3  # the null page: padding writes there, nobody reads it
@@ -70,4 +70,22 @@ def test_every_query_window_size_equals_reference():
     q, k_new, v_new, k_pages, v_pages, md, real = random_step(rng, shapes, 512, 16)
     want = reference_attention(q, k_pages, v_pages, md)
     got = mixed_attention(q, k_new, v_new, k_pages, v_pages, md, chunk_pages=2)
+    np.testing.assert_allclose(np.asarray(got)[:real], np.asarray(want)[:real], atol=2e-5)
+
+
+@pytest.mark.parametrize("window", [None, 100])
+def test_long_histories_read_big_chunks_then_small(window):
+    """Histories read in big chunks only, big then small, small only, and a rest that takes
+    one more big chunk ending past the page table's width (150 pages, padded to 160)."""
+    big = BIG_CHUNK_PAGES * PAGE
+    shapes = [(3, 1), (150, 2), (big, 6), (big + 80, 5), (2 * big - 100, 3)]
+    assert [tuple(int(x) for x in big_chunks(c, PAGE, 2)) for c, _ in shapes] == [
+        (0, 0, 1), (0, 0, 19), (1, BIG_CHUNK_PAGES, 0), (1, BIG_CHUNK_PAGES, 10),
+        (2, 2 * BIG_CHUNK_PAGES, 0),
+    ]  # fmt: skip
+    rng = np.random.default_rng(11)
+    q, k_new, v_new, k_pages, v_pages, md, real = random_step(rng, shapes, 32, 8, 150)
+    want = reference_attention(q, k_pages, v_pages, md, sliding_window=window)
+    got = mixed_attention(q, k_new, v_new, k_pages, v_pages, md, sliding_window=window,
+                          chunk_pages=2)  # fmt: skip
     np.testing.assert_allclose(np.asarray(got)[:real], np.asarray(want)[:real], atol=2e-5)

@@ -13,7 +13,8 @@ softmax carry:
              are read once, as they must be
   per row    every later token: each row's history pages are read once per window of its
              tokens (WINDOWS: 16 to 256 queries, the smallest that holds them; a longer
-             row loops over 256-token windows), whatever query blocks the row spans
+             row loops over 256-token windows), whatever query blocks the row spans: in
+             chunks of BIG_CHUNK_PAGES, then of chunk_pages for the rest (big_chunks)
   own        the step's own K/V, causal within the row (prefill_attention's block loop)
 
 Every (token, earlier position) pair is seen by exactly one pass whatever the row order, so
@@ -23,6 +24,7 @@ the result is reference_attention's for any step; the split decides only the spe
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +45,13 @@ SUB_BLOCKS = (4, 8, 16)  # tokens of the per-token pass that share one loop boun
 # 64-query windows for chat turns of 30-40 new tokens past 1,150 cached positions, a step's
 # attention took 1.1-1.7x its time with 32- or 48-query ones (BENCHMARKS.md, "Fifth run")
 WINDOWS = (16, 32, 48, 64, 96, 128, 256)
+# The per-row pass reads a row's history BIG_CHUNK_PAGES pages at a time, the rest (under
+# BIG_SHARE of a big chunk) chunk_pages at a time. A chunk's loop iteration costs ~0.11 ms a
+# layer beyond its positions (32-query window, default model), as much as ~90 positions:
+# 1,200 cached positions took 10.4 ms a layer in 10 chunks of 8 pages for 4 chat turns of
+# 30 tokens, 6.4 ms in one chunk of 80 (BENCHMARKS.md, "Sixth run")
+BIG_CHUNK_PAGES = 80
+BIG_SHARE = 0.6
 
 
 def switch_by_size(sizes, n, branch, *operands):
@@ -51,6 +60,19 @@ def switch_by_size(sizes, n, branch, *operands):
     index = sum((n > s).astype(jnp.int32) for s in sizes[:-1])
     branches = [functools.partial(branch, s) for s in sizes]
     return jax.lax.switch(index, branches, *operands)
+
+
+def big_chunks(hist, page_size: int, chunk_pages: int):
+    """How the per-row pass reads `hist` (traced) history positions: (big chunks, the first
+    page after them, small chunks of chunk_pages). A rest over BIG_SHARE of a big chunk takes
+    one more big chunk, which may end past the history (masked) and past the row's pages
+    (mixed_attention pads the page table to whole big chunks, which the last one never
+    passes: it starts below the history's end)."""
+    big = BIG_CHUNK_PAGES * page_size
+    num_big = (hist + big - int(BIG_SHARE * big)) // big
+    rest = jnp.maximum(hist - num_big * big, 0)
+    small = chunk_pages * page_size
+    return num_big, num_big * BIG_CHUNK_PAGES, (rest + small - 1) // small
 
 
 def mixed_attention(
@@ -76,7 +98,9 @@ def mixed_attention(
     history = md.kv_lens - q_lens  # [R] positions in pages before this step
     lead = jnp.sum(jnp.cumprod(q_lens == 1))  # tokens in the leading run of one-token rows
     real = md.cu_q_lens[-1]
-    page_table = jnp.pad(md.page_table, ((0, 0), (0, -md.page_table.shape[1] % chunk_pages)))
+    # a whole number of big chunks: the last one big_chunks takes may end past the row's pages
+    pad = -md.page_table.shape[1] % math.lcm(chunk_pages, BIG_CHUNK_PAGES)
+    page_table = jnp.pad(md.page_table, ((0, 0), (0, pad)))
     pages = _Pages(k_pages, v_pages, page_table, chunk_pages, page_size, sliding_window, softcap)
 
     head = min(t, md.kv_lens.shape[0])  # at most R one-token rows
@@ -109,7 +133,7 @@ class _Pages:
     ):
         self.k_pages, self.v_pages, self.page_table = k_pages, v_pages, page_table
         self.chunk_pages, self.window, self.softcap = chunk_pages, sliding_window, softcap
-        self.chunk = chunk_pages * page_size
+        self.page_size = page_size
 
     def _valid(self, kv_pos, hist, q_pos):
         """[Q, C]: earlier than the step (kv_pos < hist [Q, 1]) and inside the window."""
@@ -205,21 +229,24 @@ class _Pages:
         index = at + jnp.arange(w, dtype=jnp.int32)
         mine = (index >= lo) & (index < hi)  # [W]
 
-        def chunk(i, carry):
-            ids = jax.lax.dynamic_slice_in_dim(
-                self.page_table[row], i * self.chunk_pages, self.chunk_pages
-            )
-            k_c = jnp.moveaxis(read_pages(self.k_pages, ids).reshape(self.chunk, k, h), 1, 0)
-            v_c = jnp.moveaxis(read_pages(self.v_pages, ids).reshape(self.chunk, k, h), 1, 0)
+        def chunk(carry, first_page, num_pages):  # positions from first_page on
+            ids = jax.lax.dynamic_slice_in_dim(self.page_table[row], first_page, num_pages)
+            size = num_pages * self.page_size
+            k_c = jnp.moveaxis(read_pages(self.k_pages, ids).reshape(size, k, h), 1, 0)
+            v_c = jnp.moveaxis(read_pages(self.v_pages, ids).reshape(size, k, h), 1, 0)
             scores = jnp.einsum("kgqh,kch->kgqc", q_w, k_c.astype(jnp.float32))
             scores = soft_cap(scores, self.softcap)
-            kv_pos = i * self.chunk + jnp.arange(self.chunk, dtype=jnp.int32)[None, :]
+            kv_pos = first_page * self.page_size + jnp.arange(size, dtype=jnp.int32)[None, :]
             valid = self._valid(kv_pos, hist, pos_w) & mine[:, None]  # [W, C]
             scores = jnp.where(valid[None, None], scores, MASKED)
             return _softmax_step(carry, scores, v_c.astype(jnp.float32), "kgqc,kch->kgqh")
 
         part = tuple(jax.lax.dynamic_slice_in_dim(c, at, w, 2) for c in carry)
-        part = jax.lax.fori_loop(0, (hist + self.chunk - 1) // self.chunk, chunk, part)
+        num_big, small_from, num_small = big_chunks(hist, self.page_size, self.chunk_pages)
+        big = lambda i, c: chunk(c, i * BIG_CHUNK_PAGES, BIG_CHUNK_PAGES)
+        part = jax.lax.fori_loop(0, num_big, big, part)
+        small = lambda i, c: chunk(c, small_from + i * self.chunk_pages, self.chunk_pages)
+        part = jax.lax.fori_loop(0, num_small, small, part)
         return tuple(
             jax.lax.dynamic_update_slice_in_dim(c, p, at, 2)
             for c, p in zip(carry, part, strict=True)
