@@ -187,7 +187,8 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence]) -> 
 
 
 def write_json(path: str | None, results: dict) -> None:
-    if path:
+    if path:  # benchmarks/results/ is ignored by git: a fresh checkout lacks it
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as f:
             json.dump(results, f, indent=2, default=str)
         print(f"\nwrote {path}")

@@ -1,0 +1,151 @@
+"""The LM head's dot layout on this device: [T, D] x [D, V] against [V, D] x [D, T] then
+transposed (`tgix.models.decoder.HEAD_TRANSPOSED_ROWS`), alone and inside whole model steps.
+
+    python -m benchmarks.lm_head [--rows 1 2 4 8 16 32 64 128] [--steps] [--repeats 10]
+
+1. The default model's head (49,152 x 576, float32) alone for T rows: `x @ E.T` (what the
+   model did before), and `E @ x.T` transposed behind an optimization barrier (without it
+   XLA's simplifier folds the transpose back into the dot). Min over 25 calls, in ms.
+2. `--steps`: whole model steps (the Runner's executables, rows past 300 cached positions)
+   compiled with the transposed head off and on, alternated `--repeats` times; the min of
+   each variant's medians of 9 calls. A one-row decode step runs the same program in both
+   (its head is a GEMV either way): the machine's noise floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+import numpy as np
+
+from benchmarks.harness import print_table, write_json
+
+PAGE = 16
+
+
+def min_ms(fn, calls: int = 25) -> float:
+    fn()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * min(times)
+
+
+def head_alone(rows: list[int]) -> list[list]:
+    import jax
+
+    vocab, hidden = 49152, 576
+    head = jax.random.normal(jax.random.key(0), (vocab, hidden)) * 0.02
+    plain = jax.jit(lambda x, e: x @ e.T)
+    transposed = jax.jit(lambda x, e: jax.lax.optimization_barrier(e @ x.T).T)
+    out = []
+    for t in rows:
+        x = jax.random.normal(jax.random.key(t), (t, hidden))
+        a = min_ms(lambda x=x: plain(x, head).block_until_ready())
+        b = min_ms(lambda x=x: transposed(x, head).block_until_ready())
+        out.append([t, a, b, b / a])
+        print(f"  head, {t} rows: {a:.1f} / {b:.1f} ms", flush=True)
+    return out
+
+
+def whole_steps(repeats: int) -> list[list]:
+    from tgix.attention.pack import RowInput
+    from tgix.engine.buckets import Buckets, StepShape
+    from tgix.engine.runner import Runner, RunnerConfig
+    from tgix.models import decoder, load_model
+
+    loaded = load_model()
+    buckets = Buckets.build(
+        max_batch_prefill_tokens=128,
+        max_batch_size=64,
+        max_total_tokens=2048,
+        page_size=PAGE,
+        chunked_prefill=True,
+    )
+    pages = lambda i: list(range(1 + 20 * i, 21 + 20 * i))
+    decode = lambda n: [RowInput([5], 300, pages(i)) for i in range(n)]
+    verify = StepShape(False, 8, 1, buckets.pages_per_row, verify=True)
+    cases = {
+        "decode, 1 row": (decode(1), None),
+        "decode, 8 rows": (decode(8), None),
+        "decode, 32 rows": (decode(32), None),
+        "verify, 1 row x 8": ([RowInput([5] * 8, 300, pages(0))], verify),
+        "mixed, 3 decode + 80-token prompt": (decode(3) + [RowInput([7] * 80, 0, pages(5))], None),
+    }  # fmt: skip
+    calls = {}
+    saved = decoder.HEAD_TRANSPOSED_ROWS
+    try:
+        for variant, rule in (("off", (2, 1)), ("on", saved)):
+            decoder.HEAD_TRANSPOSED_ROWS = rule  # read when a step is traced
+            runner = Runner(
+                loaded, RunnerConfig(num_pages=64 * 20 + 1, page_size=PAGE, buckets=buckets)
+            )
+            for name, (rows, shape) in cases.items():
+                calls[name, variant] = _step_call(runner, rows, shape or buckets.shape_for(rows))
+    finally:
+        decoder.HEAD_TRANSPOSED_ROWS = saved
+    medians: dict = {}
+    for rep in range(repeats):
+        for name in cases:
+            for variant in ("off", "on") if rep % 2 == 0 else ("on", "off"):
+                fn = calls[name, variant]
+                times = []
+                for _ in range(9):
+                    start = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - start)
+                medians.setdefault((name, variant), []).append(1e3 * float(np.median(times)))
+    out = []
+    for name in cases:
+        off, on = min(medians[name, "off"]), min(medians[name, "on"])
+        out.append([name, off, on, on / off])
+        print(f"  {name}: {off:.1f} / {on:.1f} ms", flush=True)
+    return out
+
+
+def _step_call(runner, rows, shape):
+    from benchmarks.breakdown import metadata
+
+    packed, md = metadata(rows, shape)
+    step = runner.executables.model_for(shape)
+    indices = shape.logits_indices(packed["logits_indices"])
+
+    def call():
+        out = step(runner._params, packed["token_ids"], runner.kv, md, indices, {})
+        runner.kv = out[-1]  # the pages are donated
+        out[0].block_until_ready()
+
+    call()  # compiles, and pays the first call's set-up
+    return call
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+    parser.add_argument("--steps", action="store_true", help="also whole model steps")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--json", default="benchmarks/results/lm_head.json")
+    args = parser.parse_args(argv)
+    logging.getLogger("tgix.engine.executables").setLevel(logging.ERROR)
+    result = {"head": head_alone(args.rows)}
+    print_table(
+        "LM head alone (ms, min of 25)",
+        ["rows", "x @ E.T", "E @ x.T, transposed", "ratio"],
+        result["head"],
+    )
+    if args.steps:
+        result["steps"] = whole_steps(args.repeats)
+        print_table(
+            "model steps, transposed head off / on (ms, min of medians)",
+            ["step", "off", "on", "on / off"],
+            result["steps"],
+        )
+    write_json(args.json, {"args": vars(args), **result})
+
+
+if __name__ == "__main__":
+    main()
