@@ -1,7 +1,9 @@
-"""The LM head's dot layout on this device: [T, D] x [D, V] against [V, D] x [D, T] then
-transposed (`tgix.models.decoder.HEAD_TRANSPOSED_ROWS`), alone and inside whole model steps.
+"""The decoder's dot layouts on this device. The LM head: [T, D] x [D, V] against [V, D] x
+[D, T] then transposed (`tgix.models.decoder.HEAD_TRANSPOSED_ROWS`), alone and inside whole
+model steps; the MLP: kernels stored [in, out] (tgix's Dense) against [out, in].
 
-    python -m benchmarks.lm_head [--rows 1 2 4 8 16 32 64 128] [--steps] [--repeats 10]
+    python -m benchmarks.dot_layout [--rows 1 2 4 8 16 32 64 128] [--steps] [--mlp]
+        [--repeats 10]
 
 1. The default model's head (49,152 x 576, float32) alone for T rows: `x @ E.T` (what the
    model did before), and `E @ x.T` transposed behind an optimization barrier (without it
@@ -10,6 +12,12 @@ transposed (`tgix.models.decoder.HEAD_TRANSPOSED_ROWS`), alone and inside whole 
    compiled with the transposed head off and on, alternated `--repeats` times; the min of
    each variant's medians of 9 calls. A one-row decode step runs the same program in both
    (its head is a GEMV either way): the machine's noise floor.
+3. `--mlp`: the default model's 30 MLP blocks chained (gate/up 576 -> 1,536, down back, SiLU,
+   residual) for T rows, three ways: kernels [in, out] and `x @ W` (tgix's Dense today);
+   kernels [out, in] and each dot computed as `W @ x.T`, transposed back behind a barrier;
+   kernels [out, in] with the activations kept feature-major [D, T] through the chain.
+   Min over 20 calls, in ms. Not wired into the model (the loaders, shardings and quantized
+   forms all assume [in, out]): a lead, BENCHMARKS.md "Dot layouts".
 """
 
 from __future__ import annotations
@@ -49,6 +57,46 @@ def head_alone(rows: list[int]) -> list[list]:
         b = min_ms(lambda x=x: transposed(x, head).block_until_ready())
         out.append([t, a, b, b / a])
         print(f"  head, {t} rows: {a:.1f} / {b:.1f} ms", flush=True)
+    return out
+
+
+def mlp_layouts(rows: list[int]) -> list[list]:
+    import jax
+
+    layers, hidden, inner = 30, 576, 1536
+    keys = iter(jax.random.split(jax.random.key(1), 3 * layers))
+    weights = lambda *shape: [jax.random.normal(next(keys), shape) * 0.02 for _ in range(layers)]
+    gate, up, down = weights(hidden, inner), weights(hidden, inner), weights(inner, hidden)
+    gate_t, up_t, down_t = ([w.T.copy() for w in ws] for ws in (gate, up, down))  # [out, in]
+
+    def in_out(x, gate, up, down):
+        for g, u, d in zip(gate, up, down, strict=True):
+            x = x + (jax.nn.silu(x @ g) * (x @ u)) @ d
+        return x
+
+    def out_in(x, gate, up, down):
+        dot = lambda w, x: jax.lax.optimization_barrier(w @ x.T).T  # [T, out]
+        for g, u, d in zip(gate, up, down, strict=True):
+            x = x + dot(d, jax.nn.silu(dot(g, x)) * dot(u, x))
+        return x
+
+    def feature_major(x, gate, up, down):
+        x_dt = x.T
+        for g, u, d in zip(gate, up, down, strict=True):
+            x_dt = x_dt + d @ (jax.nn.silu(g @ x_dt) * (u @ x_dt))
+        return x_dt.T
+
+    variants = [(in_out, (gate, up, down)), (out_in, (gate_t, up_t, down_t))]
+    variants.append((feature_major, (gate_t, up_t, down_t)))
+    out = []
+    for t in rows:
+        x = jax.random.normal(jax.random.key(t), (t, hidden)) * 0.1
+        times = []
+        for fn, ws in variants:
+            compiled = jax.jit(fn).lower(x, *ws).compile()
+            times.append(min_ms(lambda c=compiled, ws=ws, x=x: c(x, *ws).block_until_ready(), 20))
+        out.append([t, *times, times[1] / times[0], times[2] / times[0]])
+        print(f"  MLP chain, {t} rows: " + " / ".join(f"{m:.1f}" for m in times), flush=True)
     return out
 
 
@@ -127,8 +175,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
     parser.add_argument("--steps", action="store_true", help="also whole model steps")
+    parser.add_argument("--mlp", action="store_true", help="also the MLP chain's layouts")
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--json", default="benchmarks/results/lm_head.json")
+    parser.add_argument("--json", default="benchmarks/results/dot_layout.json")
     args = parser.parse_args(argv)
     logging.getLogger("tgix.engine.executables").setLevel(logging.ERROR)
     result = {"head": head_alone(args.rows)}
@@ -144,6 +193,14 @@ def main(argv=None) -> None:
             ["step", "off", "on", "on / off"],
             result["steps"],
         )
+    if args.mlp:
+        result["mlp"] = mlp_layouts(args.rows)
+        print_table(
+            "30 MLP blocks chained (ms, min of 20)",
+            ["rows", "[in, out], x @ W", "[out, in], W @ x.T", "[out, in], feature-major",
+             "ratio", "ratio"],
+            result["mlp"],
+        )  # fmt: skip
     write_json(args.json, {"args": vars(args), **result})
 
 
