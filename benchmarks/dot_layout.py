@@ -33,14 +33,19 @@ from benchmarks.harness import print_table, write_json
 PAGE = 16
 
 
-def min_ms(fn, calls: int = 25) -> float:
-    fn()
+def call_ms(fn, calls: int) -> list[float]:
+    """ms of each of `calls` calls of fn (warm: the caller has called it once)."""
     times = []
     for _ in range(calls):
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * min(times)
+        times.append(1e3 * (time.perf_counter() - start))
+    return times
+
+
+def min_ms(fn, calls: int = 25) -> float:
+    fn()
+    return min(call_ms(fn, calls))
 
 
 def head_alone(rows: list[int]) -> list[list]:
@@ -140,13 +145,8 @@ def whole_steps(repeats: int) -> list[list]:
     for rep in range(repeats):
         for name in cases:
             for variant in ("off", "on") if rep % 2 == 0 else ("on", "off"):
-                fn = calls[name, variant]
-                times = []
-                for _ in range(9):
-                    start = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - start)
-                medians.setdefault((name, variant), []).append(1e3 * float(np.median(times)))
+                median = float(np.median(call_ms(calls[name, variant], 9)))
+                medians.setdefault((name, variant), []).append(median)
     out = []
     for name in cases:
         off, on = min(medians[name, "off"]), min(medians[name, "on"])
