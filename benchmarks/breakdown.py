@@ -57,19 +57,24 @@ def metadata(rows, shape):
     return packed, md
 
 
-def time_step(runner, rows, shape) -> float:
-    """Median ms of the model executable alone (KV donated back each call)."""
+def step_call(runner, rows, shape):
+    """A call of the model executable alone on these rows (the KV pages donated and taken
+    back each call; a verify shape returns every token's logits)."""
     packed, md = metadata(rows, shape)
     step = runner.executables.model_for(shape)
+    indices = shape.logits_indices(packed["logits_indices"])
 
     def call():
-        out = step(
-            runner._params, packed["token_ids"], runner.kv, md, packed["logits_indices"], {}
-        )  # -> logits, prompt scores, drafts, expert load, kv
-        runner.kv = out[-1]
+        out = step(runner._params, packed["token_ids"], runner.kv, md, indices, {})
+        runner.kv = out[-1]  # -> logits, prompt scores, drafts, expert load, kv
         out[0].block_until_ready()
 
-    return median_ms(call)
+    return call
+
+
+def time_step(runner, rows, shape) -> float:
+    """Median ms of the model executable alone."""
+    return median_ms(step_call(runner, rows, shape))
 
 
 def model_steps(runner, prompt: int, rng) -> list[list]:

@@ -156,17 +156,9 @@ def whole_steps(repeats: int) -> list[list]:
 
 
 def _step_call(runner, rows, shape):
-    from benchmarks.breakdown import metadata
+    from benchmarks.breakdown import step_call
 
-    packed, md = metadata(rows, shape)
-    step = runner.executables.model_for(shape)
-    indices = shape.logits_indices(packed["logits_indices"])
-
-    def call():
-        out = step(runner._params, packed["token_ids"], runner.kv, md, indices, {})
-        runner.kv = out[-1]  # the pages are donated
-        out[0].block_until_ready()
-
+    call = step_call(runner, rows, shape)
     call()  # compiles, and pays the first call's set-up
     return call
 

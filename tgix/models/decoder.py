@@ -27,7 +27,7 @@ from tgix.models.moe import SparseMoE
 # XLA:CPU: YNNPACK runs that dot 15-35% faster than [T, D] x [D, V] from 2 to 64 rows (the
 # default model's head, 49,152 x 576: 8 rows 9.4 -> 6.3 ms, 32 rows 16.5 -> 11.8 ms), and
 # slower from 128 (43 -> 52 ms); one row stays a GEMV (3.4 ms against 4.5). BENCHMARKS.md,
-# "The LM head's layout".
+# "Dot layouts on XLA:CPU".
 HEAD_TRANSPOSED_ROWS = (2, 64)
 
 
