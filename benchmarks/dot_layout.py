@@ -1,29 +1,33 @@
 """The decoder's dot layouts on this device. The LM head: [T, D] x [D, V] against [V, D] x
 [D, T] then transposed (`tgix.models.decoder.HEAD_TRANSPOSED_ROWS`), alone and inside whole
-model steps; the MLP: kernels stored [in, out] (tgix's Dense) against [out, in].
+model steps; the Dense layers: kernels stored [in, out] against [out, in]
+(`tgix.models.out_major`, TGIX_DENSE_LAYOUT).
 
-    python -m benchmarks.dot_layout [--rows 1 2 4 8 16 32 64 128] [--steps] [--mlp]
-        [--repeats 10]
+    python -m benchmarks.dot_layout [--rows 1 2 4 8 16 32 64 128] [--steps [head|dense]]
+        [--mlp] [--repeats 10]
 
-1. The default model's head (49,152 x 576, float32) alone for T rows: `x @ E.T` (what the
-   model did before), and `E @ x.T` transposed behind an optimization barrier (without it
-   XLA's simplifier folds the transpose back into the dot). Min over 25 calls, in ms.
-2. `--steps`: whole model steps (the Runner's executables, rows past 300 cached positions)
-   compiled with the transposed head off and on, alternated `--repeats` times; the min of
-   each variant's medians of 9 calls. A one-row decode step runs the same program in both
-   (its head is a GEMV either way): the machine's noise floor.
+1. The default model's head (49,152 x 576, float32) alone for T rows: `x @ E.T`, and
+   `E @ x.T` transposed behind an optimization barrier (without it XLA's simplifier folds
+   the transpose back into the dot). Min over 25 calls, in ms.
+2. `--steps` (or `--steps head`): whole model steps (the Runner's executables, rows past 300
+   cached positions, and a 512-token prompt) compiled with the transposed head off and on;
+   `--steps dense`: with the Dense kernels [in, out] (TGIX_DENSE_LAYOUT=in_out) and
+   [out, in] (the CPU default), plus 64 decode rows. Alternated `--repeats` times; the min
+   of each variant's medians of 9 calls. In `head`, a one-row decode step runs the same
+   program in both (its head is a GEMV either way): the machine's noise floor.
 3. `--mlp`: the default model's 30 MLP blocks chained (gate/up 576 -> 1,536, down back, SiLU,
-   residual) for T rows, three ways: kernels [in, out] and `x @ W` (tgix's Dense today);
-   kernels [out, in] and each dot computed as `W @ x.T`, transposed back behind a barrier;
-   kernels [out, in] with the activations kept feature-major [D, T] through the chain.
-   Min over 20 calls, in ms. Not wired into the model (the loaders, shardings and quantized
-   forms all assume [in, out]): a lead, BENCHMARKS.md "Dot layouts".
+   residual) for T rows, four ways: kernels [in, out] and `x @ W`; kernels [out, in] and
+   each dot computed as `W @ x.T`, transposed back behind a barrier; [out, in] and
+   `x @ W.T`; [out, in] with the activations kept feature-major [D, T] through the chain.
+   Min over 20 calls, in ms.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import time
 
 import numpy as np
@@ -85,6 +89,12 @@ def mlp_layouts(rows: list[int]) -> list[list]:
             x = x + dot(d, jax.nn.silu(dot(g, x)) * dot(u, x))
         return x
 
+    def out_in_plain(x, gate, up, down):
+        dot = lambda w, x: x @ w.T  # [T, out]
+        for g, u, d in zip(gate, up, down, strict=True):
+            x = x + dot(d, jax.nn.silu(dot(g, x)) * dot(u, x))
+        return x
+
     def feature_major(x, gate, up, down):
         x_dt = x.T
         for g, u, d in zip(gate, up, down, strict=True):
@@ -92,6 +102,7 @@ def mlp_layouts(rows: list[int]) -> list[list]:
         return x_dt.T
 
     variants = [(in_out, (gate, up, down)), (out_in, (gate_t, up_t, down_t))]
+    variants.append((out_in_plain, (gate_t, up_t, down_t)))
     variants.append((feature_major, (gate_t, up_t, down_t)))
     out = []
     for t in rows:
@@ -100,20 +111,19 @@ def mlp_layouts(rows: list[int]) -> list[list]:
         for fn, ws in variants:
             compiled = jax.jit(fn).lower(x, *ws).compile()
             times.append(min_ms(lambda c=compiled, ws=ws, x=x: c(x, *ws).block_until_ready(), 20))
-        out.append([t, *times, times[1] / times[0], times[2] / times[0]])
+        out.append([t, *times, *(m / times[0] for m in times[1:])])
         print(f"  MLP chain, {t} rows: " + " / ".join(f"{m:.1f}" for m in times), flush=True)
     return out
 
 
-def whole_steps(repeats: int) -> list[list]:
+def whole_steps(repeats: int, compare: str) -> list[list]:
     from tgix.attention.pack import RowInput
     from tgix.engine.buckets import Buckets, StepShape
     from tgix.engine.runner import Runner, RunnerConfig
-    from tgix.models import decoder, load_model
+    from tgix.models import load_model
 
-    loaded = load_model()
     buckets = Buckets.build(
-        max_batch_prefill_tokens=128,
+        max_batch_prefill_tokens=512,
         max_batch_size=64,
         max_total_tokens=2048,
         page_size=PAGE,
@@ -128,19 +138,19 @@ def whole_steps(repeats: int) -> list[list]:
         "decode, 32 rows": (decode(32), None),
         "verify, 1 row x 8": ([RowInput([5] * 8, 300, pages(0))], verify),
         "mixed, 3 decode + 80-token prompt": (decode(3) + [RowInput([7] * 80, 0, pages(5))], None),
+        "prefill, 1 row x 512": ([RowInput([7] * 512, 0, list(range(1, 33)))], None),
     }  # fmt: skip
+    if compare == "dense":
+        cases["decode, 64 rows"] = (decode(64), None)
     calls = {}
-    saved = decoder.HEAD_TRANSPOSED_ROWS
-    try:
-        for variant, rule in (("off", (2, 1)), ("on", saved)):
-            decoder.HEAD_TRANSPOSED_ROWS = rule  # read when a step is traced
+    for variant in ("off", "on"):
+        with _layout(compare, on=variant == "on"):
+            loaded = load_model()  # the Dense layout is chosen as the model loads
             runner = Runner(
                 loaded, RunnerConfig(num_pages=64 * 20 + 1, page_size=PAGE, buckets=buckets)
             )
             for name, (rows, shape) in cases.items():
                 calls[name, variant] = _step_call(runner, rows, shape or buckets.shape_for(rows))
-    finally:
-        decoder.HEAD_TRANSPOSED_ROWS = saved
     medians: dict = {}
     for rep in range(repeats):
         for name in cases:
@@ -155,6 +165,28 @@ def whole_steps(repeats: int) -> list[list]:
     return out
 
 
+@contextlib.contextmanager
+def _layout(compare: str, *, on: bool):
+    """The model's dot layout while a variant loads and traces: `head`, the LM head's
+    transposed product (decoder.HEAD_TRANSPOSED_ROWS, read as a step is traced) off or on;
+    `dense`, the Dense kernels [in, out] or [out, in] (TGIX_DENSE_LAYOUT, read as the model
+    loads)."""
+    from tgix.models import decoder
+
+    saved_rows, saved_env = decoder.HEAD_TRANSPOSED_ROWS, os.environ.get("TGIX_DENSE_LAYOUT")
+    if compare == "head" and not on:
+        decoder.HEAD_TRANSPOSED_ROWS = (2, 1)  # no row count
+    os.environ["TGIX_DENSE_LAYOUT"] = "out_in" if compare == "head" or on else "in_out"
+    try:
+        yield
+    finally:
+        decoder.HEAD_TRANSPOSED_ROWS = saved_rows
+        if saved_env is None:
+            os.environ.pop("TGIX_DENSE_LAYOUT")
+        else:
+            os.environ["TGIX_DENSE_LAYOUT"] = saved_env
+
+
 def _step_call(runner, rows, shape):
     from benchmarks.breakdown import step_call
 
@@ -166,7 +198,13 @@ def _step_call(runner, rows, shape):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
-    parser.add_argument("--steps", action="store_true", help="also whole model steps")
+    parser.add_argument(
+        "--steps",
+        nargs="?",
+        const="head",
+        choices=["head", "dense"],
+        help="also whole model steps, the head's layout (default) or the Dense kernels' off/on",
+    )
     parser.add_argument("--mlp", action="store_true", help="also the MLP chain's layouts")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", default="benchmarks/results/dot_layout.json")
@@ -179,9 +217,10 @@ def main(argv=None) -> None:
         result["head"],
     )
     if args.steps:
-        result["steps"] = whole_steps(args.repeats)
+        result["steps"] = whole_steps(args.repeats, args.steps)
+        what = {"head": "transposed head", "dense": "Dense kernels [out, in]"}[args.steps]
         print_table(
-            "model steps, transposed head off / on (ms, min of medians)",
+            f"model steps, {what} off / on (ms, min of medians)",
             ["step", "off", "on", "on / off"],
             result["steps"],
         )
@@ -189,8 +228,8 @@ def main(argv=None) -> None:
         result["mlp"] = mlp_layouts(args.rows)
         print_table(
             "30 MLP blocks chained (ms, min of 20)",
-            ["rows", "[in, out], x @ W", "[out, in], W @ x.T", "[out, in], feature-major",
-             "ratio", "ratio"],
+            ["rows", "[in, out], x @ W", "[out, in], W @ x.T", "[out, in], x @ W.T",
+             "[out, in], feature-major", "ratio", "ratio", "ratio"],
             result["mlp"],
         )  # fmt: skip
     write_json(args.json, {"args": vars(args), **result})

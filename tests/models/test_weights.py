@@ -38,7 +38,7 @@ def test_missing_tensor_is_named(broken):
     tensors, save = broken
     del tensors["model.layers.1.mlp.up_proj.weight"]
     with pytest.raises(
-        CheckpointError, match=r"lacks 1 tensor\(s\): layers\.1\.mlp\.up_proj\.kernel"
+        CheckpointError, match=r"lacks 1 tensor\(s\): layers\.1\.mlp\.up_proj\.(weight|kernel)"
     ):
         load_model(save(tensors))
 
@@ -123,6 +123,6 @@ def test_parameters_are_placed_on_the_mesh(tiny_checkpoints):
 
     mesh = make_mesh(model=2, devices=jax.devices()[:2])
     loaded = load_model(str(tiny_checkpoints("llama")), mesh=mesh)
-    q = loaded.model.layers[0].self_attn.q_proj.kernel[...]  # [D, N*H], heads on "model"
-    assert q.sharding.spec == jax.sharding.PartitionSpec(None, "model")
-    assert {s.data.shape for s in q.addressable_shards} == {(40, 2 * 16)}
+    q = loaded.model.layers[0].self_attn.q_proj.weight[...]  # [N*H, D] (CPU: out-major)
+    assert q.sharding.spec == jax.sharding.PartitionSpec("model", None)
+    assert {s.data.shape for s in q.addressable_shards} == {(2 * 16, 40)}

@@ -57,7 +57,7 @@ def test_eight_way_with_repeated_kv_heads(eight_heads):
     loaded = load_model(str(eight_heads), num_shard=8)
     assert loaded.mesh.shape == {"data": 1, "model": 8}
     assert loaded.config.num_kv_heads == 8  # 2 checkpoint heads x 4 copies
-    assert loaded.model.layers[0].self_attn.k_proj.kernel[...].sharding.spec[1] == "model"
+    assert loaded.model.layers[0].self_attn.k_proj.weight[...].sharding.spec[0] == "model"
     prefill, steps, ids = run(loaded)
     np.testing.assert_allclose(prefill, one[0], atol=1e-4, rtol=0)
     np.testing.assert_allclose(steps, one[1], atol=1e-4, rtol=0)

@@ -21,6 +21,7 @@ from tgix.models.hub import ModelFiles, resolve_model
 from tgix.models.kv_scales import WithoutKVScales, apply_kv_scales
 from tgix.models.medusa import MedusaConfig, load_medusa
 from tgix.models.moe import set_moe_impl
+from tgix.models.out_major import default_out_major, out_major_abstract
 from tgix.models.prequant import (
     PREQUANTIZED,
     PrequantizedSource,
@@ -184,6 +185,8 @@ def load_model(
         abstract = quantize_abstract(abstract, load_time, int8_activations=int8_activations)
     if form == "kept":
         abstract = group_abstract(abstract, grouped_layouts(checkpoint_cfg, source))
+    if default_out_major():  # the float layers that are left: [out, in] on CPU
+        abstract = out_major_abstract(abstract)
     if expert_axis(cfg, mesh.shape["model"]):  # each device computes its own experts
         logger.info("experts split over %d devices: dense expert path", mesh.shape["model"])
         set_moe_impl(abstract, "dense")

@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 
 from tgix.models.config import ModelConfig
+from tgix.models.out_major import out_major_matmul
 from tgix.models.quant import qmatmul
 from tgix.models.quant_group import GroupLayout, grouped_matmul
 from tgix.models.rope_config import RopeConfig, cos_sin_scale
@@ -28,7 +29,9 @@ def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, 
 
 
 class Dense(nnx.Module):
-    """y = einsum(x, kernel) (+ bias), e.g. "td,df->tf" with kernel [D, F]. Quantized, the
+    """y = einsum(x, kernel) (+ bias), e.g. "td,df->tf" with kernel [D, F]. Out-major (float
+    on CPU, tgix/models/out_major.py), the kernel is None and `weight [F, D]` holds it.
+    Quantized, the
     kernel is None and codes hold it: per output channel (tgix/models/quant.py: `codes [F, D]`
     + `scale [F]`) or per group of inputs (tgix/models/quant_group.py, `grouped` says what
     the layer holds: codes, scale [F, D / G], zero, offset, perm)."""
@@ -44,6 +47,7 @@ class Dense(nnx.Module):
             if bias
             else None
         )
+        self.weight: nnx.Param | None = None  # out-major float [F, D]
         self.codes: nnx.Param | None = None
         self.scale: nnx.Param | None = None
         self.int8_activations = False  # quantized: qmatmul's form (static)
@@ -57,6 +61,8 @@ class Dense(nnx.Module):
             names = ("codes", "scale", "zero", "offset", "perm")
             params = {n: getattr(self, n)[...] for n in names if getattr(self, n) is not None}
             y = grouped_matmul(x, self.grouped, params)
+        elif self.weight is not None:
+            y = out_major_matmul(x, self.weight[...])
         elif self.kernel is None:
             y = qmatmul(x, self.codes[...], self.scale[...], int8_activations=self.int8_activations)
         else:

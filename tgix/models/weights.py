@@ -65,6 +65,7 @@ def load_weights(
     quant.quantize_abstract), each linear kernel is quantized on the host, per output
     channel, and placed as its codes and scale; a 4-bit codebook method (quant_group.
     CODEBOOK_METHODS, the model from codebook_abstract) quantizes it per block of inputs.
+    An out-major float Dense (out_major.out_major_abstract) gets the kernel transposed.
     A source may also hand a quant_group.GroupedWeight (pre-quantized, kept): it is placed
     as its arrays, the kernel transform applied to its output channels as a row map.
     Stacked targets (experts) fill one host array each, placed once its last index is in.
@@ -119,8 +120,11 @@ class _Placer:
             group = w.shape[1] // expected[module + ("scale",)].shape[1]
             self._grouped(name, quantize_codebook(w, CODEBOOK_METHODS[quantize], group), module)
             return
-        if quantize and path[-1] == "kernel" and path[:-1] + ("codes",) in expected:
-            path = path[:-1] + ("codes",)
+        out_major = False  # a Dense kernel [K, N] placed as codes or an out-major weight [N, K]
+        if path[-1] == "kernel":
+            for leaf in ("codes",) if quantize else ("weight",):  # out_major.py's weight
+                if path[:-1] + (leaf,) in expected:
+                    path, out_major = path[:-1] + (leaf,), True
         var = self._slot(name, path)
         try:
             value = transform(raw)
@@ -128,8 +132,8 @@ class _Placer:
             raise CheckpointError(
                 f"tensor {name!r} has shape {raw.shape}, cannot fit {var.shape}"
             ) from e
-        if path[-1] == "codes":
-            value = value.T  # the kernel [K, N] -> [N, K], as codes are laid out
+        if out_major:
+            value = value.T
         if value.shape != tuple(var.shape):
             raise CheckpointError(
                 f"tensor {name!r} has shape {raw.shape}; expected one mapping to {tuple(var.shape)}"
