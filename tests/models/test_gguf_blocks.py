@@ -75,7 +75,8 @@ def test_kept_blocks_give_the_dequantized_models_logits(mixed_gguf):
     assert layer.self_attn.q_proj.codes[...].shape == (64, 32)  # Q4_0: two codes per byte
     assert layer.mlp.up_proj.codes[...].shape == (128, 64)  # Q8_0: a byte per code
     assert layer.mlp.down_proj.offset is not None and layer.mlp.down_proj.zero is None  # Q4_1
-    assert dequantized.model.layers[1].self_attn.q_proj.kernel is not None
+    float_q = dequantized.model.layers[1].self_attn.q_proj
+    assert float_q.codes is None and (float_q.kernel, float_q.weight) != (None, None)
     assert kept.weight_bytes < dequantized.weight_bytes
     np.testing.assert_allclose(logits(kept), logits(dequantized), atol=1e-4, rtol=0)
 
