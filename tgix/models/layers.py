@@ -31,10 +31,9 @@ def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], dtype, 
 class Dense(nnx.Module):
     """y = einsum(x, kernel) (+ bias), e.g. "td,df->tf" with kernel [D, F]. Out-major (float
     on CPU, tgix/models/out_major.py), the kernel is None and `weight [F, D]` holds it.
-    Quantized, the
-    kernel is None and codes hold it: per output channel (tgix/models/quant.py: `codes [F, D]`
-    + `scale [F]`) or per group of inputs (tgix/models/quant_group.py, `grouped` says what
-    the layer holds: codes, scale [F, D / G], zero, offset, perm)."""
+    Quantized, the kernel is None and codes hold it: per output channel (tgix/models/quant.py:
+    `codes [F, D]` + `scale [F]`) or per group of inputs (tgix/models/quant_group.py,
+    `grouped` says what the layer holds: codes, scale [F, D / G], zero, offset, perm)."""
 
     def __init__(self, spec: str, kernel_shape, kernel_axes, *, bias: bool, rngs, dtype):
         self.spec = spec  # e.g. "td,dnh->tnh"
