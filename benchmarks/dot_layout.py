@@ -33,8 +33,10 @@ import time
 import numpy as np
 
 from benchmarks.harness import print_table, write_json
+from tgix.models.out_major import out_major_matmul
 
 PAGE = 16
+ALWAYS, NEVER = (1, 1 << 30), (1, 0)  # out_major_matmul's transposed rows: every count, none
 
 
 def call_ms(fn, calls: int) -> list[float]:
@@ -58,7 +60,7 @@ def head_alone(rows: list[int]) -> list[list]:
     vocab, hidden = 49152, 576
     head = jax.random.normal(jax.random.key(0), (vocab, hidden)) * 0.02
     plain = jax.jit(lambda x, e: x @ e.T)
-    transposed = jax.jit(lambda x, e: jax.lax.optimization_barrier(e @ x.T).T)
+    transposed = jax.jit(lambda x, e: out_major_matmul(x, e, ALWAYS))
     out = []
     for t in rows:
         x = jax.random.normal(jax.random.key(t), (t, hidden))
@@ -84,13 +86,13 @@ def mlp_layouts(rows: list[int]) -> list[list]:
         return x
 
     def out_in(x, gate, up, down):
-        dot = lambda w, x: jax.lax.optimization_barrier(w @ x.T).T  # [T, out]
+        dot = lambda w, x: out_major_matmul(x, w, ALWAYS)  # W @ x.T, transposed: [T, out]
         for g, u, d in zip(gate, up, down, strict=True):
             x = x + dot(d, jax.nn.silu(dot(g, x)) * dot(u, x))
         return x
 
     def out_in_plain(x, gate, up, down):
-        dot = lambda w, x: x @ w.T  # [T, out]
+        dot = lambda w, x: out_major_matmul(x, w, NEVER)  # x @ W.T: [T, out]
         for g, u, d in zip(gate, up, down, strict=True):
             x = x + dot(d, jax.nn.silu(dot(g, x)) * dot(u, x))
         return x

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.paged import PagedDriver
+from tests.models.test_weights import first_logits
 from tgix.models import load_model
 from tgix.models.layers import Dense
 from tgix.models.out_major import TRANSPOSED_ROWS, default_out_major, out_major_matmul
@@ -57,18 +57,14 @@ def test_weights_are_the_transposed_kernels(tiny_checkpoints, monkeypatch, famil
         kernel = np.asarray(kernels[path].kernel[...])
         np.testing.assert_array_equal(np.asarray(dense.weight[...]), kernel.T)
     short, long = [5, 17, 42, 99, 3, 250], list(range(3, 83))  # 6 rows: transposed; 80: not
+    pages = {"num_pages": 32, "pages_per_row": 24}
     for prompt in (short, long):
         np.testing.assert_allclose(
-            prompt_logits(out_in, prompt), prompt_logits(in_out, prompt), rtol=1e-5, atol=1e-5
+            first_logits(out_in, prompt, **pages),
+            first_logits(in_out, prompt, **pages),
+            rtol=1e-5,
+            atol=1e-5,
         )
-
-
-def prompt_logits(loaded, prompt: list[int]) -> np.ndarray:
-    driver = PagedDriver(loaded.model, loaded.config, loaded.mesh, num_pages=32, pages_per_row=24)
-    logits = driver.step({"r": prompt}, all_logits=True)["r"]
-    driver.release("r")
-    assert len(driver.free) == 31  # every page back
-    return logits
 
 
 def test_quantized_layers_stay_quantized(tiny_checkpoints):

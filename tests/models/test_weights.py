@@ -13,10 +13,13 @@ from tgix import testing
 from tgix.models import CheckpointError, load_model
 
 
-def first_logits(loaded, prompt=(5, 17, 42, 99, 3, 250)):
-    driver = PagedDriver(loaded.model, loaded.config, loaded.mesh, num_pages=8)
+def first_logits(loaded, prompt=(5, 17, 42, 99, 3, 250), num_pages=8, **driver_options):
+    driver = PagedDriver(
+        loaded.model, loaded.config, loaded.mesh, num_pages=num_pages, **driver_options
+    )
     logits = driver.step({"r": list(prompt)}, all_logits=True)["r"]
     driver.release("r")
+    assert len(driver.free) == num_pages - 1  # every page back (page 0 is the null page)
     return logits
 
 

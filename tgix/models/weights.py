@@ -120,11 +120,11 @@ class _Placer:
             group = w.shape[1] // expected[module + ("scale",)].shape[1]
             self._grouped(name, quantize_codebook(w, CODEBOOK_METHODS[quantize], group), module)
             return
-        out_major = False  # a Dense kernel [K, N] placed as codes or an out-major weight [N, K]
-        if path[-1] == "kernel":
-            for leaf in ("codes",) if quantize else ("weight",):  # out_major.py's weight
-                if path[:-1] + (leaf,) in expected:
-                    path, out_major = path[:-1] + (leaf,), True
+        # a Dense kernel [K, N] placed as codes or as out_major.py's weight, both [N, K]
+        leaf = "codes" if quantize else "weight"
+        out_major = path[-1] == "kernel" and path[:-1] + (leaf,) in expected
+        if out_major:
+            path = path[:-1] + (leaf,)
         var = self._slot(name, path)
         try:
             value = transform(raw)
