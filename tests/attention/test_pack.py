@@ -41,3 +41,31 @@ def test_fresh_step_without_page_table():
 def test_rejects_what_does_not_fit(rows, message):
     with pytest.raises(ValueError, match=message):
         pack_step(rows, page_size=4, num_tokens=8, num_rows=2, pages_per_row=2)
+
+
+def test_shared_prefix_pages_of_the_largest_group():
+    """Among the leading one-token rows, the largest group whose tables start with the same
+    page, the pages all of them hold in common, full history pages only (start_pos //
+    page_size), at least SHARED_MIN_PAGES."""
+    a, b = list(range(1, 9)), list(range(20, 28))
+    rows = [
+        RowInput([1], 30, a),  # 7 full history pages (30 // 4)
+        RowInput([1], 27, a[:6] + [50, 51]),  # diverges after 6 pages
+        RowInput([1], 30, b),  # a group of one
+        RowInput([1], 29, a),
+        RowInput([1] * 4, 0, [60]),  # a prompt: the leading run of one-token rows ends here
+        RowInput([1], 30, a),  # after it: its own pass reads its pages
+    ]
+    got = pack_step(rows, page_size=4, num_tokens=16, num_rows=7, pages_per_row=8)
+    np.testing.assert_array_equal(got["shared_pages"], [6, 6, 0, 6, 0, 0, 0])
+    # a common prefix shorter than SHARED_MIN_PAGES is left to the rows
+    few = [RowInput([1], 30, a), RowInput([1], 30, a[:3] + [40, 41, 42, 43, 44])]
+    got = pack_step(few, page_size=4, num_tokens=2, num_rows=2, pages_per_row=8)
+    np.testing.assert_array_equal(got["shared_pages"], [0, 0])
+    # a partly written page is not shared: 17 cached tokens hold 4 full pages of 4
+    partial = [RowInput([1], 17, a[:5]), RowInput([1], 19, a[:5])]
+    got = pack_step(partial, page_size=4, num_tokens=2, num_rows=2, pages_per_row=8)
+    np.testing.assert_array_equal(got["shared_pages"], [4, 4])
+    # a fresh step (no page table) reads no pages at all
+    got = pack_step(rows[:2], page_size=4, num_tokens=2, num_rows=2, pages_per_row=0)
+    np.testing.assert_array_equal(got["shared_pages"], [0, 0])

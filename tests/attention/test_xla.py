@@ -105,3 +105,29 @@ def test_paged_equals_reference_over_many_chunks(window):
     got = paged_attention(q, k_pages, v_pages, md, sliding_window=window, chunk_pages=2)
     np.testing.assert_allclose(np.asarray(got)[:3], np.asarray(want)[:3], atol=2e-5)
     assert np.isfinite(np.asarray(got)).all()
+
+
+@pytest.mark.parametrize("window", [None, 37])
+@pytest.mark.parametrize("chunk_pages", [1, 8])
+def test_paged_rows_sharing_prefix_pages_equal_reference(window, chunk_pages):
+    """Decode rows whose tables begin with the same 20 pages (a shared system prompt): the
+    shared pass reads them once, each row's loop starts after them; one row's history ends
+    at the prefix, one row has pages of its own."""
+    rng = np.random.default_rng(3)
+    page, shared = 4, 20
+    perm = iter(rng.permutation(np.arange(1 + shared, 300)))
+    common = list(range(1, 1 + shared))
+    lengths = [shared * page + 1, shared * page + 45, 70, shared * page + 9]
+    rows = []
+    for i, n in enumerate(lengths):
+        own = [int(next(perm)) for _ in range(-(-n // page))]
+        rows.append(RowInput([0], n - 1, own if i == 2 else common + own[shared:]))
+    arrays = pack_step(rows, page_size=page, num_tokens=6, num_rows=6, pages_per_row=40)
+    np.testing.assert_array_equal(arrays["shared_pages"], [shared, shared, 0, shared, 0, 0])
+    md = AttentionMetadata(**{f: jnp.asarray(arrays[f]) for f in FIELDS})
+    k_pages, v_pages = (jnp.asarray(rng.normal(size=(300, page, K, H)), jnp.float32) for _ in "kv")
+    q = jnp.asarray(rng.normal(size=(6, N, H)), jnp.float32)
+    want = reference_attention(q, k_pages, v_pages, md, sliding_window=window)
+    got = paged_attention(q, k_pages, v_pages, md, sliding_window=window, chunk_pages=chunk_pages)
+    np.testing.assert_allclose(np.asarray(got)[:4], np.asarray(want)[:4], atol=2e-5)
+    assert np.isfinite(np.asarray(got)).all()

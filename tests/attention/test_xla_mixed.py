@@ -89,3 +89,68 @@ def test_long_histories_read_big_chunks_then_small(window):
     got = mixed_attention(q, k_new, v_new, k_pages, v_pages, md, sliding_window=window,
                           chunk_pages=2)  # fmt: skip
     np.testing.assert_allclose(np.asarray(got)[:real], np.asarray(want)[:real], atol=2e-5)
+
+
+def shared_step(rng, shared, shapes, num_tokens, num_rows, group):
+    """random_step's arrays for rows whose tables begin with the same `shared` pages (the
+    rows listed in `group`), the rest on pages of their own; and pack's shared_pages."""
+    step = random_step(rng, shapes, num_tokens, num_rows, pages_per_row=96)
+    md = step[5]
+    table = np.asarray(md.page_table)
+    common = rng.permutation(np.arange(400, 500))[:shared]  # pages no row owns yet
+    rows = []
+    for i, (cached, new) in enumerate(shapes):
+        pages = [int(p) for p in table[i, : -(-(cached + new) // PAGE)]]
+        if i in group:
+            pages[:shared] = [int(p) for p in common]
+        rows.append(RowInput([0] * new, cached, pages))
+    arrays = pack_step(rows, page_size=PAGE, num_tokens=num_tokens, num_rows=num_rows,
+                       pages_per_row=96)  # fmt: skip
+    md = AttentionMetadata(**{f: jnp.asarray(arrays[f]) for f in METADATA_FIELDS})
+    k_pages, v_pages = (rng.normal(size=(500, PAGE, K, H)).astype(np.float32) for _ in "kv")
+    k_pages[0] = v_pages[0] = 1e3
+    slots = arrays["slot_mapping"]
+    k_new, v_new = k_pages.reshape(-1, K, H)[slots], v_pages.reshape(-1, K, H)[slots]
+    q = jnp.asarray(rng.normal(size=(num_tokens, N, H)).astype(np.float32))
+    real = sum(new for _, new in shapes)
+    out = [q] + [jnp.asarray(x) for x in (k_new, v_new, k_pages, v_pages)] + [md, real]
+    return out, arrays["shared_pages"]
+
+
+SHARED_STEPS = {  # (cached, new) per row for s shared positions; rows on the shared pages;
+    # the rows pack marks as sharing them (the leading one-token rows)
+    "chat burst": (
+        lambda s: [(s + 2, 1), (s + 9, 1), (s + 5, 1), (0, 3), (s + 3, 7), (s + 11, 9), (20, 5)],
+        [0, 1, 2, 4, 5],
+        [0, 1, 2],
+    ),
+    # a decode row whose whole history is the shared prefix, one on pages of its own
+    "prefix only": (
+        lambda s: [(s, 1), (s + 3, 1), (20, 1), (s, 1), (s + 6, 2)],
+        [0, 1, 3, 4],
+        [0, 1, 3],
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("steps", list(SHARED_STEPS))
+@pytest.mark.parametrize("shared", [5, 37])
+@pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.parametrize("block,chunk_pages", [(None, 8), (8, 2), (5, 1)])
+def test_rows_sharing_prefix_pages_equal_reference(steps, shared, window, block, chunk_pages):
+    """Rows whose tables begin with the same pages (prefix caching's shared system prompt),
+    with shared_pages set for the leading decode rows: the mixed step reads every row's
+    pages in its own passes (the shared pass is the decode step's, where it measured
+    faster; BENCHMARKS.md) and still equals the reference."""
+    shapes_of, sharing, readers = SHARED_STEPS[steps]
+    shapes = shapes_of(shared * PAGE)
+    rng = np.random.default_rng(shared + len(shapes))
+    step, shared_pages = shared_step(rng, shared, shapes, 64, 12, sharing)
+    assert list(np.flatnonzero(shared_pages)) == readers
+    assert set(shared_pages[readers]) == {shared}
+    q, k_new, v_new, k_pages, v_pages, md, real = step
+    want = reference_attention(q, k_pages, v_pages, md, sliding_window=window)
+    got = mixed_attention(q, k_new, v_new, k_pages, v_pages, md, sliding_window=window,
+                          block=block, chunk_pages=chunk_pages)  # fmt: skip
+    np.testing.assert_allclose(np.asarray(got)[:real], np.asarray(want)[:real], atol=2e-5)
+    assert np.isfinite(np.asarray(got)).all()

@@ -10,6 +10,7 @@ import pytest
 
 from tests.engine.conftest import assert_pages_back, make_engine, wait_idle
 from tests.engine.test_engine import greedy, ids, prompt, run
+from tgix.attention import pack
 from tgix.engine.request import Completion, SamplingParams
 
 PAGE = 4  # tests/engine/conftest.py LIMITS
@@ -65,7 +66,14 @@ def test_prompts_sharing_full_pages_then_diverging(engine, uncached, pages):
     assert hits(engine) - before == 4 * pages
 
 
-def test_a_prefix_shared_by_8_concurrent_requests(engine, uncached, driver_greedy):
+def test_a_prefix_shared_by_8_concurrent_requests(engine, uncached, driver_greedy, monkeypatch):
+    shared, find = [], pack.shared_prefix_pages  # (rows, pages) of every step packed
+
+    def recorded(rows, page_size):
+        shared.append(found := find(rows, page_size))
+        return found
+
+    monkeypatch.setattr(pack, "shared_prefix_pages", recorded)
     prefix = prompt(7, 40)  # 10 full pages
     prompts = [prefix + prompt(70 + i, 1 + i) for i in range(8)]
     before = hits(engine)
@@ -73,6 +81,8 @@ def test_a_prefix_shared_by_8_concurrent_requests(engine, uncached, driver_greed
     for p, s in zip(prompts, streams, strict=True):
         assert ids(list(s)[-1]) == driver_greedy(p, 6)
     assert hits(engine) - before >= 7 * 40  # one computed the prefix, the others read it
+    # decode steps read the prefix's pages once for all their rows (attention.shared_prefix)
+    assert any(len(rows) >= 4 and pages >= 10 for rows, pages in shared)
     for p in prompts[:2]:
         assert ids(run(uncached, greedy(6, prompt_ids=p))) == driver_greedy(p, 6)
 

@@ -40,6 +40,10 @@ class AttentionMetadata:
     cu_q_lens     [R+1] int32 start of each row's tokens on the T axis (for kernel backends)
     kv_lens       [R] int32  KV length of each row after this step (0 for padding rows)
     page_table    [R, P] int32 pages of each row in position order, padded with 0
+    shared_pages  [R] int32  leading pages of each row's table that the step's leading decode
+                             rows share (pack.shared_prefix_pages); the decode path reads them
+                             once for all of them. Every nonzero entry is the same count.
+                             None (jitted generate): nothing shared
     """
 
     positions: jax.Array
@@ -48,6 +52,7 @@ class AttentionMetadata:
     cu_q_lens: jax.Array
     kv_lens: jax.Array
     page_table: jax.Array
+    shared_pages: jax.Array | None = None
 
 
 METADATA_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionMetadata))

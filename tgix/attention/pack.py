@@ -5,6 +5,11 @@ shared token axis T. Arrays are padded to static buckets (T_pad tokens, R_pad ro
 row) so one compiled step serves any mix; padding tokens write to the null page 0. pages_per_row=0
 leaves the page table empty ([R, 0]) for steps that read no pages (fresh prefills). This is the
 `pack` of the backends that keep the page layout (tgix.attention.contract.PagedLayout).
+
+It also finds the step's shared prefix (`shared_prefix_pages`): history pages that several
+decode rows' tables begin with, the same physical pages (prefix caching hands every chat over
+one system prompt the same ones). The XLA decode path reads those once for all those rows, in
+one batched pass, instead of gathering them for each row's token.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ def pack_step(
         "kv_lens": np.zeros(num_rows, np.int32),
         "page_table": np.zeros((num_rows, pages_per_row), np.int32),
         "logits_indices": np.zeros(num_rows, np.int32),
+        "shared_pages": np.zeros(num_rows, np.int32),
     }
     cursor = 0
     for i, row in enumerate(rows):
@@ -80,4 +86,34 @@ def pack_step(
             out["page_table"][i, :needed] = pages
         out["logits_indices"][i] = cursor + n - 1
         cursor += n
+    if pages_per_row:
+        members, count = shared_prefix_pages(rows, page_size)
+        out["shared_pages"][members] = count
     return out
+
+
+SHARED_MIN_PAGES = 4  # a shorter common prefix is left to the rows' own passes
+
+
+def shared_prefix_pages(rows: Sequence[RowInput], page_size: int) -> tuple[list[int], int]:
+    """(rows, pages): among the leading run of one-token rows (decode rows: the attention
+    paths gather their pages token by token; a prompt row's own pass already reads its
+    history once for all its tokens), the largest group whose tables begin with the same
+    page, and how many leading pages all of them hold in common, counting only pages full
+    of history (start_pos // page_size). ([], 0) when no two rows share SHARED_MIN_PAGES.
+    Linear in the rows' history pages."""
+    full = [row.start_pos // page_size for row in rows]
+    groups: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        if len(row.token_ids) != 1:
+            break
+        if full[i] >= SHARED_MIN_PAGES:
+            groups.setdefault(row.pages[0], []).append(i)
+    members = max(groups.values(), key=len, default=[])
+    if len(members) < 2:
+        return [], 0
+    width = min(full[i] for i in members)
+    table = np.asarray([row_pages[:width] for row_pages in (rows[i].pages for i in members)])
+    differs = np.flatnonzero((table != table[0]).any(axis=0))  # [columns where rows disagree]
+    count = int(differs[0]) if differs.size else width
+    return (members, count) if count >= SHARED_MIN_PAGES else ([], 0)

@@ -13,31 +13,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from tgix.attention import online_softmax, shared_prefix
 from tgix.attention.contract import MASKED, AttentionMetadata, read_pages, soft_cap
-
-
-def _softmax_init(shape: tuple[int, ...], head_dim: int):
-    """Running max, denominator ([*shape]) and weighted sum ([*shape, H]) of an online softmax."""
-    return (
-        jnp.full(shape, MASKED, jnp.float32),
-        jnp.zeros(shape, jnp.float32),
-        jnp.zeros((*shape, head_dim), jnp.float32),
-    )
-
-
-def _softmax_step(carry, scores: jax.Array, values: jax.Array, spec: str):
-    """Fold one block of masked scores [..., S] and its values into the running softmax
-    (flash attention's rescaling); `spec` contracts probabilities with values."""
-    m, denom, acc = carry
-    m_new = jnp.maximum(m, scores.max(-1))
-    probs = jnp.exp(scores - m_new[..., None])
-    scale = jnp.exp(m - m_new)
-    denom = denom * scale + probs.sum(-1)
-    return m_new, denom, acc * scale[..., None] + jnp.einsum(spec, probs, values)
-
-
-def _softmax_result(denom: jax.Array, acc: jax.Array) -> jax.Array:
-    return acc / jnp.maximum(denom, 1e-30)[..., None]  # 0 only for rows that saw nothing
 
 
 def prefill_attention(
@@ -64,7 +41,9 @@ def prefill_attention(
     """
     t, n, h = q.shape
     k = k_new.shape[1]
-    fresh = lambda qb, start, q_blk, q_rows, q_pos: _softmax_init((k, n // k, q_blk.shape[2]), h)
+    fresh = lambda qb, start, q_blk, q_rows, q_pos: online_softmax.init(
+        (k, n // k, q_blk.shape[2]), h
+    )
     run = lambda b: causal_blocks(
         q, k_new, v_new, md, fresh, sliding_window=sliding_window, block=b, softcap=softcap
     )
@@ -143,13 +122,13 @@ def causal_blocks(
                 valid &= k_pos[None, :] > q_pos[:, None] - sliding_window
             scores = soft_cap(jnp.einsum("kgqh,ksh->kgqs", q_blk, k_blk), softcap)
             scores = jnp.where(valid[None, None], scores, MASKED)
-            return _softmax_step(carry, scores, v_blk, "kgqs,ksh->kgqh")
+            return online_softmax.fold(carry, scores, v_blk, "kgqs,ksh->kgqh")
 
         # a block that starts in padding reads nothing; else from its first row's start
         first = jnp.where(real[start], row_start[start] // block, qb + 1)
         init = block_init(qb, start, q_blk, q_rows, q_pos)
         _, denom, acc = jax.lax.fori_loop(first, qb + 1, key_block, init)
-        blk = _softmax_result(denom, acc)
+        blk = online_softmax.result(denom, acc)
         return jax.lax.dynamic_update_slice_in_dim(out, blk, start, 2)
 
     out = jax.lax.fori_loop(0, num_blocks, query_block, jnp.zeros_like(q_heads))
@@ -172,7 +151,9 @@ def paged_attention(
     q [T, N, H]; pages [num_pages, page_size, K, H]; returns [T, N, H]. A while loop walks
     the page table `chunk_pages` pages at a time and stops after the longest row in the step,
     so cost follows the actual KV lengths, not the page table's static width P: one compiled
-    step serves short and long sequences alike, and memory is O(T * chunk * K * H).
+    step serves short and long sequences alike, and memory is O(T * chunk * K * H). Pages
+    the rows share (md.shared_pages) are read once for all of them (shared_prefix), and each
+    row's own loop starts after them.
     """
     t, n, h = q.shape
     k = k_pages.shape[2]
@@ -181,45 +162,62 @@ def paged_attention(
     # a token sees positions up to its own and below its row's KV length
     limit = jnp.minimum(md.positions + 1, md.kv_lens[md.token_rows])[:, None]  # [T, 1]
     q_grouped = q.reshape(t, k, n // k, h).astype(jnp.float32) * h**-0.5
-    _, denom, acc = token_pages(
+    skip_rows = shared_prefix.first_pages(md, sliding_window)  # [R] or None
+    skip = None if skip_rows is None else skip_rows[md.token_rows]  # [T]
+    carry = token_pages(
         q_grouped,
         k_pages,
         v_pages,
         page_table[md.token_rows],
         limit,
         md.positions,
-        jnp.max(md.kv_lens),
+        jnp.max(md.kv_lens if skip is None else limit[:, 0] - skip * k_pages.shape[1]),
         chunk_pages=chunk_pages,
         sliding_window=sliding_window,
         softcap=softcap,
+        skip=skip,
     )
-    out = _softmax_result(denom, acc)  # 0 only for empty padding rows
+    if skip is not None:
+        q_heads = jnp.moveaxis(q_grouped, 0, 2)  # [K, G, T, H]
+        real = md.cu_q_lens[-1]
+        shared = shared_prefix.shared_prefix_carry(q_heads, k_pages, v_pages, md, real, softcap)
+        carry = online_softmax.merge(carry, tuple(jnp.moveaxis(x, 2, 0) for x in shared))
+    out = online_softmax.result(*carry[1:])  # 0 only for empty padding rows
     return out.reshape(t, n, h).astype(q.dtype)
 
 
 def token_pages(
     q_grouped, k_pages, v_pages, pages_of_token, limit, q_pos, longest, *, chunk_pages,
-    sliding_window, softcap=None,
+    sliding_window, softcap=None, skip=None,
 ):  # fmt: skip
     """Each token's own row pages, gathered per token `chunk_pages` pages at a time, folded
     into an online softmax: q_grouped [S, K, G, H] (scaled), pages_of_token [S, P'] (P' a
     multiple of chunk_pages), limit [S, 1] (positions below it are seen), q_pos [S],
-    `longest` the loop bound in positions. Returns the carry: max and denominator [S, K, G],
-    sum [S, K, G, H]. Shared by paged_attention and xla_mixed's per-token pass."""
+    `longest` the loop bound in positions (past the skipped ones). `skip` [S] (or None): the
+    leading pages each token leaves out (a shared prefix read by another pass). Returns the
+    carry: max and denominator [S, K, G], sum [S, K, G, H]. Shared by paged_attention and
+    xla_mixed's per-token pass."""
     s, k, g, h = q_grouped.shape
     chunk = chunk_pages * k_pages.shape[1]
+    first = 0 if skip is None else skip[:, None] * k_pages.shape[1]  # [S, 1] first position
+    offsets = jnp.arange(chunk_pages, dtype=jnp.int32)[None, :]
+    widest = pages_of_token.shape[1] - 1
 
     def body(i, carry):
-        pages = jax.lax.dynamic_slice_in_dim(pages_of_token, i * chunk_pages, chunk_pages, 1)
+        if skip is None:
+            pages = jax.lax.dynamic_slice_in_dim(pages_of_token, i * chunk_pages, chunk_pages, 1)
+        else:  # pages past a row's end are masked below (kv_pos >= limit)
+            index = jnp.minimum(skip[:, None] + i * chunk_pages + offsets, widest)
+            pages = jnp.take_along_axis(pages_of_token, index, axis=1)  # [S, chunk_pages]
         k_c = read_pages(k_pages, pages).reshape(s, chunk, k, h)  # [S, C, K, H] float32
         v_c = read_pages(v_pages, pages).reshape(s, chunk, k, h)
         scores = soft_cap(jnp.einsum("tkgh,tckh->tkgc", q_grouped, k_c), softcap)
-        kv_pos = i * chunk + jnp.arange(chunk, dtype=jnp.int32)[None, :]  # [1, C]
+        kv_pos = first + i * chunk + jnp.arange(chunk, dtype=jnp.int32)[None, :]  # [S | 1, C]
         valid = kv_pos < limit  # [S, C]
         if sliding_window is not None:
             valid &= kv_pos > q_pos[:, None] - sliding_window
         scores = jnp.where(valid[:, None, None, :], scores, MASKED)
-        return _softmax_step(carry, scores, v_c, "tkgc,tckh->tkgh")
+        return online_softmax.fold(carry, scores, v_c, "tkgc,tckh->tkgh")
 
     num_chunks = (longest + chunk - 1) // chunk
-    return jax.lax.fori_loop(0, num_chunks, body, _softmax_init((s, k, g), h))
+    return jax.lax.fori_loop(0, num_chunks, body, online_softmax.init((s, k, g), h))

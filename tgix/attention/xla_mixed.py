@@ -29,10 +29,9 @@ import math
 import jax
 import jax.numpy as jnp
 
+from tgix.attention import online_softmax
 from tgix.attention.contract import MASKED, AttentionMetadata, read_pages, soft_cap
 from tgix.attention.xla import (
-    _softmax_init,
-    _softmax_step,
     block_sizes,
     by_longest_row,
     causal_blocks,
@@ -190,7 +189,7 @@ class _Pages:
             )
 
         num_sub = (jnp.minimum(lead, head) + sub - 1) // sub
-        out = jax.lax.fori_loop(0, num_sub, sub_block, _softmax_init((head_pad, k, g), h))
+        out = jax.lax.fori_loop(0, num_sub, sub_block, online_softmax.init((head_pad, k, g), h))
         return tuple(x[:head] for x in out)
 
     def per_row(self, carry, q_heads, positions, md: AttentionMetadata, history, lead, real):
@@ -239,7 +238,7 @@ class _Pages:
             kv_pos = first_page * self.page_size + jnp.arange(size, dtype=jnp.int32)[None, :]
             valid = self._valid(kv_pos, hist, pos_w) & mine[:, None]  # [W, C]
             scores = jnp.where(valid[None, None], scores, MASKED)
-            return _softmax_step(carry, scores, v_c.astype(jnp.float32), "kgqc,kch->kgqh")
+            return online_softmax.fold(carry, scores, v_c.astype(jnp.float32), "kgqc,kch->kgqh")
 
         part = tuple(jax.lax.dynamic_slice_in_dim(c, at, w, 2) for c in carry)
         num_big, small_from, num_small = big_chunks(hist, self.page_size, self.chunk_pages)

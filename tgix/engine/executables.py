@@ -160,6 +160,7 @@ class StepExecutables:
             cu_q_lens=self._spec((r + 1,)),
             kv_lens=self._spec((r,)),
             page_table=self._spec((r, p)),
+            shared_pages=self._spec((r,)),
         )
         fn = jax.jit(functools.partial(self._model_step, shape=shape), donate_argnums=(2,))
         extras = {}
