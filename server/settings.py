@@ -37,7 +37,7 @@ QUANTIZE_METHODS = (
 LOAD_TIME_QUANTIZE = frozenset(
     {"eetq", "bitsandbytes", "fp8", "bitsandbytes-nf4", "bitsandbytes-fp4"}
 )
-PREQUANTIZED = frozenset({"awq", "gptq", "marlin", "compressed-tensors"})
+PREQUANTIZED = frozenset({"awq", "gptq", "marlin", "compressed-tensors", "exl2"})
 KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2")
 DTYPES = ("float16", "bfloat16", "float32")
 

@@ -70,22 +70,28 @@ def source_of(path, *, kept):
     return PrequantizedSource(SafetensorsSource(path), read_spec(config, path), kept=kept)
 
 
+def quantized_reads_equal(source, ref_path) -> int:
+    """Every tensor `source` shows equals the float reference's bit for bit (a kept layer's
+    dequantization, its layout the one announced before reading); how many were kept."""
+    want = load_file(ref_path / "model.safetensors")
+    assert sorted(source.names()) == sorted(want)
+    quantized = 0
+    for name in want:
+        got = source.read(name)
+        if isinstance(got, GroupedWeight):
+            quantized += 1
+            assert source.layout(name) == got.layout
+            got = got.dequantize()
+        assert got.dtype == want[name].dtype and got.shape == want[name].shape, name
+        np.testing.assert_array_equal(got, want[name], err_msg=name)
+    return quantized
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_unpacked_weights_equal_the_format_definition(checkpoints, variant):
     path, ref_path = checkpoints(variant)
-    want = load_file(ref_path / "model.safetensors")
     for kept in (False, True):
-        source = source_of(path, kept=kept)
-        assert sorted(source.names()) == sorted(want)
-        quantized = 0
-        for name in want:
-            got = source.read(name)
-            if isinstance(got, GroupedWeight):
-                quantized += 1
-                assert source.layout(name) == got.layout
-                got = got.dequantize()
-            assert got.dtype == want[name].dtype and got.shape == want[name].shape, name
-            np.testing.assert_array_equal(got, want[name], err_msg=name)
+        quantized = quantized_reads_equal(source_of(path, kept=kept), ref_path)
         layers = 3 * 7 - (variant == "awq")  # AWQ's skipped down_proj stays float
         assert quantized == (layers if kept else 0)
 
@@ -202,7 +208,7 @@ def test_flags_that_contradict_the_checkpoint_are_refused_naming_both(checkpoint
         load_model(str(path), quantize="eetq")
     with pytest.raises(QuantizeError, match=r"`--quantize awq` reads a pre-quantized"):
         load_model(str(base), quantize="awq")
-    with pytest.raises(QuantizeError, match="`--quantize exl2` is not implemented"):
+    with pytest.raises(QuantizeError, match=r"`--quantize exl2` reads a pre-quantized"):
         load_model(str(base), quantize="exl2")
     gptq, awq = (
         read_spec({"quantization_config": {"quant_method": "gptq"}}),
@@ -219,7 +225,6 @@ def test_flags_that_contradict_the_checkpoint_are_refused_naming_both(checkpoint
     [
         ({"quant_method": "awq", "version": "gemv"}, "AWQ's 4-bit `gemm` packing only"),
         ({"quant_method": "gptq", "bits": 3}, "GPTQ checkpoint with 3 bits"),
-        ({"quant_method": "exl2"}, "exl2 checkpoints are not implemented"),
         ({"quant_method": "hqq"}, "quant_method 'hqq' is not supported"),
         (
             {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",

@@ -119,13 +119,6 @@ def test_legacy_input_length_and_hostname():
         ),
         ([], {"TRUST_REMOTE_CODE": "1"}, "Invalid argument: `--trust-remote-code` is refused"),
         (
-            ["--quantize", "exl2"],
-            {},
-            "Invalid argument: `--quantize exl2` is not implemented in tgix yet (implemented: "
-            "`awq`, `bitsandbytes`, `bitsandbytes-fp4`, `bitsandbytes-nf4`, `compressed-tensors`, "
-            "`eetq`, `fp8`, `gptq`, `marlin`)",
-        ),
-        (
             ["--quantize", "exl2", "--num-shard", "2"],
             {},
             "Invalid argument: Sharding is currently not supported with `exl2` quantization",

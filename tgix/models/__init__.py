@@ -126,7 +126,7 @@ def load_model(
     (embeddings, norms, the LM head and Medusa heads stay in `dtype`); `int8_activations`
     picks the int8 matmul form (None: quant.default_int8_activations).
 
-    A pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors: tgix/models/prequant.py) is
+    A pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors, exl2: models/prequant.py) is
     detected from its quantization_config; `quantize` may name its method (or TGI's alias
     `marlin`), and anything else raises QuantizeError naming both. `quantize_form` (None:
     env TGIX_QUANT_FORM, else quant_group.default_form()) is how its layers run, and those
@@ -151,7 +151,9 @@ def load_model(
     vlm = vision_checkpoint(hf_config)
     if vlm is not None:  # the decoder inside a vision-language checkpoint
         hf_config, source = vlm.text_config, TextModelSource(source, vlm.text_prefixes)
-    spec = read_spec(hf_config, files.path) if files.kind == "safetensors" else None
+    spec = None
+    if files.kind == "safetensors":
+        spec = read_spec(hf_config, files.path, source.names())
     quantize = check_flag(spec, quantize)
     form = None  # how pre-quantized layers run (quant_group.GROUPED_FORMS)
     blocks = files.kind == "gguf" and quantize is None and source.quantized_linear
@@ -160,7 +162,8 @@ def load_model(
         if form not in GROUPED_FORMS:
             raise QuantizeError(f"quantize form {form!r}: one of {', '.join(GROUPED_FORMS)}")
         if spec is not None:
-            source = PrequantizedSource(source, spec, kept=form == "kept")
+            vocab = hf_config.get("vocab_size")
+            source = PrequantizedSource(source, spec, kept=form == "kept", vocab_size=vocab)
         else:
             source.keep_blocks = form == "kept"
     source = WithoutKVScales(source)
@@ -173,6 +176,8 @@ def load_model(
     if mesh is None:
         mesh = mesh_for_model(checkpoint_cfg, num_shard, data=data)
         mesh = Mesh(mesh.devices[:1], mesh.axis_names)  # replica 0
+    if spec is not None and spec.method == "exl2" and mesh.shape["model"] > 1:
+        raise QuantizeError("Sharding is currently not supported with `exl2` quantization")
     check_fits(checkpoint_cfg, mesh)
     repeats = kv_repeats(checkpoint_cfg.num_kv_heads, mesh.shape["model"])
     cfg = dataclasses.replace(checkpoint_cfg, num_kv_heads=checkpoint_cfg.num_kv_heads * repeats)

@@ -1,6 +1,7 @@
 """Pre-quantized checkpoints, detected from config.json's `quantization_config` (as TGI does):
 AWQ (GEMM packing), GPTQ (v1 and v2 zeros, act-order `g_idx`; TGI's `marlin` names the same
-checkpoints) and compressed-tensors (`pack-quantized` int4/int8, `float-quantized` fp8).
+checkpoints), compressed-tensors (`pack-quantized` int4/int8, `float-quantized` fp8) and
+ExLlamaV2's exl2 (variable bits per group: tgix/models/exl2.py).
 
 Each quantized layer's tensors (`qweight`/`qzeros`/`scales`/`g_idx`, or `weight_packed`/
 `weight_scale`/`weight_zero_point`/`weight_g_idx`/`weight_shape`) are unpacked into one
@@ -20,9 +21,10 @@ import ml_dtypes
 import numpy as np
 
 from tgix.models.checkpoint import CheckpointError, TensorSource
-from tgix.models.quant_group import GroupedWeight, GroupLayout
+from tgix.models.exl2 import exl2_layout, looks_like_exl2, read_exl2
+from tgix.models.quant_group import GroupedWeight, GroupLayout, unpack_words
 
-PREQUANTIZED = ("awq", "gptq", "marlin", "compressed-tensors")
+PREQUANTIZED = ("awq", "gptq", "marlin", "compressed-tensors", "exl2")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds column 8c + AWQ_ORDER[i]
 
 
@@ -34,18 +36,21 @@ class QuantizeError(ValueError):
 class QuantSpec:
     """A checkpoint's quantization_config, as far as the unpackers need it."""
 
-    method: str  # awq | gptq | compressed-tensors
-    bits: int
+    method: str  # awq | gptq | compressed-tensors | exl2
+    bits: int  # exl2: 8, the codes' storage (each group has its own width)
     group: int  # inputs per group; -1: one group of all inputs
     sym: bool = True
     zeros_v2: bool = False  # GPTQ checkpoint_format gptq_v2: the stored zeros are the zeros
     fp8: bool = False  # compressed-tensors float-quantized: fp8 weights, per-channel scales
 
 
-def read_spec(hf_config: dict, folder: Path | None = None) -> QuantSpec | None:
+def read_spec(hf_config: dict, folder: Path | None = None, names=()) -> QuantSpec | None:
     """The checkpoint's QuantSpec (None: a float checkpoint). GPTQ's `quantize_config.json`
-    counts when config.json has none. Raises QuantizeError for what tgix cannot read."""
+    counts when config.json has none, and so do exl2 tensors among `names` (ExLlamaV2 before
+    v0.0.16 wrote no quantization_config). Raises QuantizeError for what tgix cannot read."""
     qc = hf_config.get("quantization_config")
+    if qc is None and looks_like_exl2(names):
+        qc = {"quant_method": "exl2"}
     if qc is None and folder is not None and (Path(folder) / "quantize_config.json").exists():
         qc = {
             "quant_method": "gptq",
@@ -76,13 +81,10 @@ def read_spec(hf_config: dict, folder: Path | None = None) -> QuantSpec | None:
     if method == "compressed-tensors":
         return _compressed_tensors_spec(qc)
     if method == "exl2":
-        raise QuantizeError(
-            "exl2 checkpoints are not implemented in tgix (ExLlamaV2's variable-bit layout; "
-            "exl2 cannot be sharded either, as in TGI): use an AWQ or GPTQ export of the model"
-        )
+        return QuantSpec("exl2", 8, -1)
     raise QuantizeError(
         f"quantization_config quant_method {method!r} is not supported; tgix reads "
-        "awq, gptq and compressed-tensors checkpoints"
+        "awq, gptq, compressed-tensors and exl2 checkpoints"
     )
 
 
@@ -137,18 +139,6 @@ def check_flag(spec: QuantSpec | None, flag: str | None) -> str | None:
     return spec.method
 
 
-def _unpack(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
-    """int32 words -> unsigned codes, 32 / bits per word along `axis`, low bits first."""
-    per = 32 // bits
-    words = np.ascontiguousarray(words).view(np.uint32)
-    shifts = np.arange(per, dtype=np.uint32) * bits
-    codes = (np.expand_dims(words, -1) >> shifts) & np.uint32((1 << bits) - 1)  # [..., per]
-    codes = np.moveaxis(codes, -1, axis + 1)  # the per-word index right after its word axis
-    shape = list(words.shape)
-    shape[axis] *= per
-    return codes.reshape(shape).astype(np.uint8)
-
-
 def _act_order(codes: np.ndarray, g_idx: np.ndarray | None, group: int):
     """(codes [N, K] with columns permuted so groups are contiguous, perm or None). A g_idx
     other than arange(K) // G is GPTQ's act-order; each of its groups must hold G inputs."""
@@ -162,9 +152,16 @@ def _act_order(codes: np.ndarray, g_idx: np.ndarray | None, group: int):
     return codes[:, perm], perm
 
 
+def _is_head(prefix: str) -> bool:
+    """The LM head (`language_model.lm_head` inside a vision-language checkpoint)."""
+    return prefix == "lm_head" or prefix.endswith(".lm_head")
+
+
 class PrequantizedSource:
     """A TensorSource over a pre-quantized checkpoint: each quantized layer's tensors appear
-    as one `<layer>.weight`, read as a GroupedWeight (`kept`) or as its float dequantization."""
+    as one `<layer>.weight`, read as a GroupedWeight (`kept`) or as its float dequantization.
+    A quantized LM head (exl2 quantizes it) is always read as float, as the load-time
+    methods leave it."""
 
     _PARTS = {
         "awq": ("qweight", "qzeros", "scales"),
@@ -173,12 +170,18 @@ class PrequantizedSource:
             "weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx",
             "weight_shape", "input_scale",
         ),
+        "exl2": ("q_weight", "q_groups", "q_scale", "q_scale_max", "q_invperm", "q_perm"),
     }  # fmt: skip
 
-    def __init__(self, inner: TensorSource, spec: QuantSpec, *, kept: bool):
+    def __init__(
+        self, inner: TensorSource, spec: QuantSpec, *, kept: bool, vocab_size: int | None = None
+    ):
         self.inner, self.spec, self.kept = inner, spec, kept
+        self.vocab_size = vocab_size  # an exl2 LM head's padded columns are cut to it
         names = self._inner_names = set(inner.names())
-        marker = "weight_scale" if spec.method == "compressed-tensors" else "qweight"
+        marker = {"compressed-tensors": "weight_scale", "exl2": "q_weight"}.get(
+            spec.method, "qweight"
+        )
         self.layers = sorted(n[: -len(marker) - 1] for n in names if n.endswith("." + marker))
         self._layer_set = frozenset(self.layers)
         parts = {f"{p}.{s}" for p in self.layers for s in self._PARTS[spec.method]}
@@ -197,16 +200,19 @@ class PrequantizedSource:
         if not name.endswith(".weight") or prefix not in self._layer_set:
             return self.inner.read(name)
         weight = self.read_grouped(prefix)
-        return weight if self.kept else weight.dequantize()
+        return weight if self.kept and not _is_head(prefix) else weight.dequantize()
 
     def layout(self, name: str) -> GroupLayout | None:
         """The kept form's layout of tensor `name` (None: a float tensor), from shapes and
         g_idx alone (the codes are not unpacked twice)."""
         prefix = name[: -len(".weight")]
-        if not self.kept or prefix not in self._layer_set:
+        if not self.kept or prefix not in self._layer_set or _is_head(prefix):
             return None
         get = lambda part: self.inner.read(f"{prefix}.{part}")
         g_idx = None
+        if self.spec.method == "exl2":
+            perms = {p: get(p) for p in ("q_invperm", "q_perm") if self._has(prefix, p)}
+            return exl2_layout(get("q_weight").shape[0], get("q_groups"), **perms)
         if self.spec.fp8:  # one group per row: the channel (or tensor) scale
             k = get("weight").shape[1]
             return GroupLayout(8, k, zero=False, offset=False, perm=False, codebook="fp8_e4m3fn")
@@ -237,6 +243,11 @@ class PrequantizedSource:
             if spec.method == "gptq":
                 g_idx = get("g_idx") if has("g_idx") else None
                 return self._gptq(get("qweight"), get("qzeros"), get("scales"), g_idx)
+            if spec.method == "exl2":
+                perms = {p: get(p) for p in ("q_invperm", "q_perm") if has(p)}
+                parts = (get(p) for p in ("q_weight", "q_groups", "q_scale", "q_scale_max"))
+                n = self.vocab_size if _is_head(prefix) else None
+                return read_exl2(*parts, **perms, out_features=n)
             if spec.fp8:
                 if get("weight").dtype != np.dtype(ml_dtypes.float8_e4m3fn):
                     raise CheckpointError(f"{prefix}.weight is {get('weight').dtype}, not F8_E4M3")
@@ -255,7 +266,7 @@ class PrequantizedSource:
         """qweight [K, N/8], qzeros [K/G, N/8] packed along N in AWQ_ORDER; scales [K/G, N]."""
 
         def columns(words):
-            nibbles = _unpack(words, 4, 1).reshape(words.shape[0], -1, 8)
+            nibbles = unpack_words(words, 4, 1).reshape(words.shape[0], -1, 8)
             out = np.empty_like(nibbles)
             out[:, :, list(AWQ_ORDER)] = nibbles
             return out.reshape(words.shape[0], -1)
@@ -271,8 +282,8 @@ class PrequantizedSource:
         v1 stores zero - 1, v2 the zero (sym v2 zeros read as "gptq" are recognised by value,
         2^(b-1) everywhere, as vLLM does)."""
         b = self.spec.bits
-        q = _unpack(qweight, b, 0).T  # [N, K]
-        z = _unpack(qzeros, b, 1).astype(np.float32)  # [K/G, N]
+        q = unpack_words(qweight, b, 0).T  # [N, K]
+        z = unpack_words(qzeros, b, 1).astype(np.float32)  # [K/G, N]
         v2 = self.spec.zeros_v2 or (self.spec.sym and np.all(z == 2 ** (b - 1)))
         zero = (z if v2 else z + 1).T.copy()
         group = q.shape[1] // scales.shape[0]
@@ -286,12 +297,12 @@ class PrequantizedSource:
         unsigned (+2^(b-1)); zero points [N*b/32, K/G] along N, also unsigned; scale [N, K/G]."""
         b = self.spec.bits
         n, k = shape
-        q = _unpack(packed, b, 1)[:, :k]
+        q = unpack_words(packed, b, 1)[:, :k]
         scale = scale.astype(np.float32).reshape(n, -1)
         zero = (
             np.full(scale.shape, 2.0 ** (b - 1), np.float32)
             if zp is None
-            else _unpack(zp, b, 0)[:n].astype(np.float32).reshape(scale.shape)
+            else unpack_words(zp, b, 0)[:n].astype(np.float32).reshape(scale.shape)
         )
         q, perm = _act_order(q, g_idx, k // scale.shape[1])
         return GroupedWeight(np.ascontiguousarray(q), scale, b, zero=zero, perm=perm)

@@ -177,6 +177,18 @@ class GroupedWeight:
         return out
 
 
+def unpack_words(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """int32 words -> unsigned codes, 32 / bits per word along `axis`, low bits first."""
+    per = 32 // bits
+    words = np.ascontiguousarray(words).view(np.uint32)
+    shifts = np.arange(per, dtype=np.uint32) * bits
+    codes = (np.expand_dims(words, -1) >> shifts) & np.uint32((1 << bits) - 1)  # [..., per]
+    codes = np.moveaxis(codes, -1, axis + 1)  # the per-word index right after its word axis
+    shape = list(words.shape)
+    shape[axis] *= per
+    return codes.reshape(shape).astype(np.uint8)
+
+
 def pack_nibbles(codes: np.ndarray) -> np.ndarray:
     """uint8 codes [N, K] (values < 16, K even) -> [N, K / 2], element 2i in the low nibble."""
     codes = codes.astype(np.uint8)
