@@ -106,6 +106,30 @@ def test_accepted_length():
     assert accepted_length((4, 5, 6), [1, 5, 6, 7]) == 1
 
 
+def test_ngram_prefers_a_match_where_the_text_was_copying():
+    """After a draft copied from index e, the text is taken to copy on from there: a 2-token
+    match within LOCAL_WINDOW past that place beats a longer, later match elsewhere; past the
+    window the longest latest match holds. A row whose last 3 ids repeat nothing may still
+    draft (not run ahead) when its last 2 match where it was copying."""
+    filler = list(range(100, 120))
+    ids = [20, 5, 6, 30, 31, 32, *filler, 9, 5, 6, 50, 51, 9, 5, 6]
+    ngram = NgramProposer()
+    assert ngram.lookup(ids, 2) == (50, 51)  # "9 5 6" latest, ends at 29
+    assert ngram.locate(ids, 2, anchor=3) == ((30, 31), 3)  # "5 6" ends at 3, in [3, 19]
+    assert ngram.lookup(ids, 2, anchor=10) == (50, 51)  # nothing in [10, 26]
+    assert NgramProposer(local_window=0).locate(ids, 2, anchor=3) == ((50, 51), 29)
+    seq = RequestState("r", ids[:26], 20, output_ids=ids[26:])
+    seq.num_computed = seq.total_len - 1
+    seq.copy_point = (32, 1)  # drafted at length 32 from index 1: 2 tokens on, it copies 3
+    assert ngram.propose(seq, 2) == (30, 31) and seq.copy_point == (34, 3)
+    seq.copy_point = None
+    assert ngram.propose(seq, 2) == (50, 51) and seq.copy_point == (34, 29)
+    copying = RequestState("c", [20, 5, 6, 30, 31, 32, *filler], 20, output_ids=[7, 5, 6])
+    assert not repeats_context(copying) and not may_draft(copying, ngram)
+    copying.copy_point = (29, 3)  # "7 5 6" repeats nothing, but "5 6" ends where it copies
+    assert may_draft(copying, ngram) and not may_draft(copying, NgramProposer(local_window=0))
+
+
 def seq_of(output, max_new=20, **request):
     req = GenerationRequest(prompt_ids=(1, 2, 3), max_new_tokens=max_new, **request)
     s = RequestState("r", [1, 2, 3], max_new, request=req, output_ids=list(output))

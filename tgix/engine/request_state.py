@@ -49,6 +49,8 @@ class RequestState:
                        that kept a draft), and how many more decode steps it sits out of
                        drafting (speculate.pause_after)
     head_drafts        a Medusa model's guesses after the token its last step sampled
+    copy_point         prompt lookup's last draft: (total_len then, the all_ids() index its
+                       first token came from): the text is taken to go on copying there
     """
 
     request_id: str
@@ -83,6 +85,7 @@ class RequestState:
     draft_misses: int = 0
     draft_pause: int = 0
     head_drafts: HeadDrafts | None = None  # Medusa heads' last guesses (speculate.py)
+    copy_point: tuple[int, int] | None = None  # (total_len, source index) of the last draft
 
     @property
     def total_len(self) -> int:

@@ -7,7 +7,11 @@ k)`). `NgramProposer` is prompt lookup: the longest suffix of prompt + generated
 TGI's rule is the 1-gram, first-match case (`create_n_gram_speculation`); a longer, more
 recent match is the better guess on code edits and extractive answers, where the text being
 copied is the one the last tokens came from, and shorter matches than 3 keep too few drafts
-to pay for a verify step (MIN_MATCH). `MedusaProposer` hands on what a
+to pay for a verify step (MIN_MATCH). Once a draft was taken from a place in the context,
+the text is taken to go on copying from there (`RequestState.copy_point`): a match of
+LOCAL_MIN_MATCH+ tokens within LOCAL_WINDOW tokens after that place comes first, which
+re-aligns a file being rewritten two tokens after an edit instead of three, and picks the
+copied occurrence over a later, unrelated one. `MedusaProposer` hands on what a
 Medusa model's heads guessed in the request's last step (tgix/models/medusa.py), while the
 token they guessed after is still the request's last one.
 
@@ -41,6 +45,13 @@ LOOKBACK = 8192  # tokens searched for a match (the scan is linear in it)
 # one token and 58-73 ms to verify 3 to 8 (small-T GEMMs are compute-bound here), so a
 # draft pays from about 1.2 kept tokens: from n = 3 (BENCHMARKS.md, speculative decoding).
 MIN_MATCH = 3
+# Near the place a row was copying from (see the module docstring): the shortest match there,
+# and how far past that place it may start. Offline over the same answers (BENCHMARKS.md,
+# speculative decoding, 2026-12-07), in decode-step units with a verify step at 2.2: code
+# 1.884 -> 1.986 tokens a unit, QA 1.795 -> 1.804, chat 1.001 -> 0.990; 1-token matches
+# or a window of 48 measured worse.
+LOCAL_MIN_MATCH = 2
+LOCAL_WINDOW = 16
 
 
 class Proposer(Protocol):
@@ -57,24 +68,67 @@ class NgramProposer:
 
     max_n: int = 8
     min_n: int = MIN_MATCH
+    local_window: int = LOCAL_WINDOW  # 0: no preference for where the row was copying
 
     def propose(self, seq: RequestState, k: int) -> tuple[int, ...]:
-        return self.lookup(context_ids(seq), k)
+        """The draft, remembering where in the context it was copied from."""
+        ids, anchor = anchored_context(seq)
+        draft, end = self.locate(ids, k, anchor)
+        if draft:
+            seq.copy_point = (seq.total_len, seq.total_len - len(ids) + end)
+        return draft
 
-    def lookup(self, ids: Sequence[int], k: int) -> tuple[int, ...]:
+    def lookup(self, ids: Sequence[int], k: int, anchor: int | None = None) -> tuple[int, ...]:
         """The draft after ids (the last LOOKBACK of them are searched)."""
+        return self.locate(ids, k, anchor)[0]
+
+    def locate(self, ids: Sequence[int], k: int, anchor: int | None = None):
+        """(draft, index in ids of its first token): a match near `anchor` (the index in ids
+        the text would copy next) first, else the longest latest one; ((), -1) for none."""
         if k <= 0 or len(ids) < 2:
-            return ()
+            return (), -1
+        if anchor is not None and self.local_window:
+            end = local_match(ids, anchor, self.min_n, self.local_window)
+            if end is not None:
+                return tuple(int(t) for t in ids[end : end + k]), end
         seq = np.asarray(ids[-LOOKBACK:], dtype=np.int64)
-        ends = match_ends(seq, self.min_n)
-        size = len(seq)
+        ends, size = match_ends(seq, self.min_n), len(seq)
         for n in range(self.min_n + 1, self.max_n + 1):  # keep those the longer suffix matches
             longer = ends[(ends >= n) & (ends <= size - n)]
             longer = longer[seq[longer - n] == seq[size - n]]
             if not longer.size:
                 break
             ends = longer
-        return tuple(int(t) for t in seq[ends[-1] : ends[-1] + k]) if ends.size else ()
+        if not ends.size:
+            return (), -1
+        end = int(ends[-1])
+        return tuple(int(t) for t in seq[end : end + k]), len(ids) - size + end
+
+
+def anchored_context(seq: RequestState) -> tuple[list[int], int | None]:
+    """(context_ids(seq), where its text would copy next as an index into them: the last
+    draft's source moved on by every token since, None before any draft)."""
+    ids = context_ids(seq)
+    if seq.copy_point is None:
+        return ids, None
+    made_at, source = seq.copy_point
+    moved = seq.total_len - made_at  # tokens since that draft
+    return ids, source + moved - (seq.total_len - len(ids))  # ids start at total - len(ids)
+
+
+def local_match(ids: Sequence[int], anchor: int, min_n: int, window: int) -> int | None:
+    """The first end e in [anchor, anchor + window] of an earlier occurrence of ids' last n
+    (n = min_n, then LOCAL_MIN_MATCH when shorter), or None. Plain list slices: at most
+    2 x 17 comparisons of a few ids, on the path of every drafting step."""
+    size = len(ids)
+    for n in (min_n, LOCAL_MIN_MATCH) if min_n > LOCAL_MIN_MATCH else (min_n,):
+        suffix = list(ids[size - n :])
+        if min(suffix) < 0:  # a placeholder (run-ahead) matches nothing
+            return None
+        for e in range(max(anchor, n), min(anchor + window, size - n) + 1):
+            if list(ids[e - n : e]) == suffix:
+                return e
+    return None
 
 
 def context_ids(seq: RequestState) -> list[int]:
@@ -125,11 +179,18 @@ class MedusaProposer:
 def may_draft(seq: RequestState, proposer: Proposer) -> bool:
     """Whether seq's next step may carry drafts, judged from its known ids (what the engine
     asks before running a step ahead, which leaves that step without drafts). Prompt
-    lookup drafts only past a repeated MIN_MATCH-gram, so a row whose last known ids repeat
-    none runs ahead (free chat keeps run-ahead's overlap); other proposers may draft unless
-    the row is paused and not copying."""
+    lookup drafts only past a repeated MIN_MATCH-gram (or a LOCAL_MIN_MATCH-gram near where
+    the row was copying), so a row whose last known ids repeat none runs ahead (free chat
+    keeps run-ahead's overlap); other proposers may draft unless the row is paused and not
+    copying."""
     if isinstance(proposer, NgramProposer):
-        return repeats_context(seq, proposer.min_n)
+        if repeats_context(seq, proposer.min_n):
+            return True
+        ids, anchor = anchored_context(seq)
+        if anchor is None or not proposer.local_window:
+            return False
+        near = local_match(ids, anchor, proposer.min_n, proposer.local_window)
+        return near is not None
     return seq.draft_pause == 0 or repeats_context(seq)
 
 
