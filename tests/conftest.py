@@ -1,5 +1,6 @@
 """Test setup: CPU with 8 simulated devices (set before jax is imported), shared checkpoints."""
 
+import gc
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -30,3 +31,13 @@ def tiny_checkpoints(tmp_path_factory):
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Keep converted-tokenizer caches out of the user's home during tests."""
     monkeypatch.setenv("TGIX_CACHE", str(tmp_path_factory.getbasetemp() / "tgix-cache"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a module's last test and its fixtures: a full garbage collection, so engines
+    that an exception or a fixture left in reference cycles free their executables' memory
+    maps now (tgix.engine.executables.StepExecutables.clear: the process limit)."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:
+        gc.collect()

@@ -1,9 +1,11 @@
 """Serialized executables: a second start loads instead of compiling, a damaged file is
-recompiled, and each description gets its own entry."""
+recompiled, and each description gets its own entry; a shut-down engine gives its
+executables' memory maps back."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from tgix.engine.executable_cache import ExecutableCache
 
@@ -45,3 +47,20 @@ def test_disabled_cache_always_compiles(tmp_path):
     out = cache.get_or_compile("x", _compile(2.0))(jnp.zeros(4, jnp.float32))
     np.testing.assert_array_equal(np.asarray(out), 1.0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_shutdown_frees_the_memory_maps_of_the_executables(tiny_checkpoints, xla_cache):
+    """Each XLA:CPU executable holds its kernels in memory maps of its own, and a process
+    may hold vm.max_map_count of them: engines built one after another (this suite) crashed
+    in XLA once shut-down ones, waiting in reference cycles, had used them up."""
+    from tests.engine.conftest import make_engine
+    from tgix.engine.executables import memory_maps
+
+    if memory_maps() is None:
+        pytest.skip("no /proc here")
+    before = memory_maps()[0]
+    engine = make_engine(tiny_checkpoints("llama"), xla_cache)
+    held = memory_maps()[0] - before
+    engine.shutdown()
+    assert held > 1000  # ~6,700: 32 executables
+    assert memory_maps()[0] - before < held // 10

@@ -171,6 +171,8 @@ class Engine:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.runner.release()
         if self.runner.broadcast is not None:  # the other processes of a group stop too
             self.runner.broadcast(("stop",))
             self.runner.broadcast = None

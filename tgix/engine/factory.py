@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from tgix.engine.buckets import Buckets
 from tgix.engine.engine import Engine, StepHook
-from tgix.engine.executables import enable_compilation_cache
+from tgix.engine.executables import enable_compilation_cache, memory_maps
 from tgix.engine.kv_cache import kv_bytes_per_token
 from tgix.engine.kv_manager import KVManager
 from tgix.engine.limits import (
@@ -180,6 +180,7 @@ def create_engine(
         logger.info(
             "compiled %d executables in %.1fs", len(runner.executables), time.perf_counter() - start
         )
+        _check_memory_maps()
     scheduler = Scheduler(
         SchedulerConfig(
             max_batch_prefill_tokens=effective.max_batch_prefill_tokens,
@@ -273,3 +274,16 @@ def _grammar_compiler(tokenizer, logit_width: int, options: EngineOptions):
 def _param_dtype(loaded: LoadedModel):
     """The model dtype: its embedding's (linear layers may hold quantized codes)."""
     return loaded.model.embed_tokens.embedding[...].dtype
+
+
+def _check_memory_maps() -> None:
+    """Warn when the compiled steps hold over half of the process's memory-map limit: a
+    compile past it crashes the process (StepExecutables.clear)."""
+    counts = memory_maps()
+    if counts and counts[0] > counts[1] // 2:
+        logger.warning(
+            "this process holds %d of its %d memory maps (vm.max_map_count), most of them "
+            "compiled kernels; more step shapes could exhaust them and crash a compile: "
+            "raise the limit (sysctl -w vm.max_map_count=262144) or compile fewer shapes",
+            *counts,
+        )

@@ -223,6 +223,12 @@ class Runner:
             attention=self.attention,
         )
 
+    def release(self) -> None:
+        """Drop the executables (StepExecutables.clear says why) and the KV pages: at
+        shutdown, once nothing runs."""
+        self.executables.clear()
+        self.kv = ()
+
     def kv_lost(self) -> bool:
         """The KV pages were donated to a step that failed: they must be rebuilt."""
         return any(layer.k.is_deleted() or layer.v.is_deleted() for layer in self.kv)
