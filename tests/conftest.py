@@ -2,6 +2,7 @@
 
 import gc
 import os
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -35,9 +36,13 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    """After a module's last test and its fixtures: a full garbage collection, so engines
-    that an exception or a fixture left in reference cycles free their executables' memory
-    maps now (tgix.engine.executables.StepExecutables.clear: the process limit)."""
+    """After a module's last test and its fixtures: JAX's jit caches cleared and a full
+    garbage collection. Every XLA:CPU executable holds memory maps of its own, a process
+    may hold vm.max_map_count (65,530) of them (tgix.engine.executables.StepExecutables.
+    clear), and the suite runs in one process: the jit caches of tests/attention alone
+    held ~37,000, engines left in reference cycles ~6,700 each."""
     yield
     if nextitem is None or nextitem.module is not item.module:
+        if "jax" in sys.modules:
+            sys.modules["jax"].clear_caches()
         gc.collect()
