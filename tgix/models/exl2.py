@@ -49,21 +49,25 @@ def _pairs(q_groups) -> np.ndarray:
     return np.asarray(q_groups).astype(np.int16).view(np.uint16).astype(np.int64).reshape(-1, 2)
 
 
-def group_rows(q_groups: np.ndarray, q_rows: int, num_inputs: int) -> list[tuple[int, int, int]]:
+def group_rows(q_groups, q_rows: int, num_inputs: int | None) -> list[tuple[int, int, int]]:
     """(bits, first q_weight row, inputs) per group. A group's inputs fill its words exactly,
-    but the last group's, which may end mid-word: it takes the inputs that are left."""
+    but the last group's, which may end mid-word: it takes the inputs that are left of
+    `num_inputs` (K, the permutation's length; None without one: it fills its words too)."""
     pairs = _pairs(q_groups)
     out, taken = [], 0
     for i, (bits, start) in enumerate(pairs.tolist()):
         if bits not in BITS:
             raise CheckpointError(f"exl2 group of {bits} bits (ExLlamaV2 writes {BITS})")
-        end = pairs[i + 1, 1] if i + 1 < len(pairs) else q_rows
-        rows = num_inputs - taken if i + 1 == len(pairs) else (end - start) * 32 // bits
+        last = i + 1 == len(pairs)
+        end = q_rows if last else pairs[i + 1, 1]
+        rows = (end - start) * 32 // bits
+        if last and num_inputs is not None:
+            rows = num_inputs - taken
         if rows <= 0 or rows * bits > (end - start) * 32:
             raise CheckpointError(f"exl2 group {i}: {rows} inputs in {end - start} words")
         out.append((bits, start, rows))
         taken += rows
-    if taken != num_inputs:
+    if num_inputs is not None and taken != num_inputs:
         raise CheckpointError(f"exl2 groups hold {taken} inputs, q_invperm {num_inputs}")
     return out
 
@@ -94,15 +98,6 @@ def _perm(q_invperm, q_perm) -> np.ndarray | None:
     return None if q_perm is None else np.asarray(q_perm).astype(np.int32)
 
 
-def _groups(q_rows: int, q_groups, perm) -> list[tuple[int, int, int]]:
-    """group_rows, with K from the permutation (else every group fills its words)."""
-    if perm is None:
-        pairs = _pairs(q_groups)
-        ends = np.append(pairs[1:, 1], q_rows)
-        return group_rows(q_groups, q_rows, int(((ends - pairs[:, 1]) * 32 // pairs[:, 0]).sum()))
-    return group_rows(q_groups, q_rows, len(perm))
-
-
 def read_exl2(
     q_weight, q_groups, q_scale, q_scale_max, q_invperm=None, q_perm=None, out_features=None
 ):
@@ -111,7 +106,7 @@ def read_exl2(
     when ExLlamaV2 padded it (the padding must be zero codes)."""
     q_weight = np.ascontiguousarray(q_weight).view(np.uint32)
     perm = _perm(q_invperm, q_perm)
-    groups = _groups(q_weight.shape[0], q_groups, perm)
+    groups = group_rows(q_groups, q_weight.shape[0], None if perm is None else len(perm))
     n, k = q_weight.shape[1], sum(rows for _, _, rows in groups)
     scales = _scales(q_scale, q_scale_max, n)
     g = math.gcd(*(rows for _, _, rows in groups))
@@ -138,7 +133,7 @@ def read_exl2(
 def exl2_layout(q_weight_rows: int, q_groups, q_invperm=None, q_perm=None) -> GroupLayout:
     """The kept form's layout without unpacking: 8-bit codes, groups of gcd(rows) inputs."""
     perm = _perm(q_invperm, q_perm)
-    groups = _groups(q_weight_rows, q_groups, perm)
+    groups = group_rows(q_groups, q_weight_rows, None if perm is None else len(perm))
     g = math.gcd(*(rows for _, _, rows in groups))
     permuted = perm is not None and not np.array_equal(perm, np.arange(len(perm)))
     return GroupLayout(8, g, zero=True, offset=False, perm=permuted)
