@@ -64,3 +64,17 @@ def test_shutdown_frees_the_memory_maps_of_the_executables(tiny_checkpoints, xla
     engine.shutdown()
     assert held > 1000  # ~6,700: 32 executables
     assert memory_maps()[0] - before < held // 10
+
+
+def test_start_up_warns_past_half_of_the_memory_map_limit(monkeypatch, caplog):
+    from tgix.engine import factory
+
+    monkeypatch.setattr(factory, "memory_maps", lambda: (32_000, 65_530))
+    factory._check_memory_maps()
+    assert not caplog.records
+    monkeypatch.setattr(factory, "memory_maps", lambda: (40_000, 65_530))
+    factory._check_memory_maps()
+    assert "40000 of its 65530 memory maps (vm.max_map_count)" in caplog.text
+    monkeypatch.setattr(factory, "memory_maps", lambda: None)  # no /proc
+    factory._check_memory_maps()
+    assert len(caplog.records) == 1
