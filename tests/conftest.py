@@ -40,7 +40,7 @@ def pytest_runtest_teardown(item, nextitem):
     garbage collection. Every XLA:CPU executable holds memory maps of its own, a process
     may hold vm.max_map_count (65,530) of them (tgix.engine.executables.StepExecutables.
     clear), and the suite runs in one process: the jit caches of tests/attention alone
-    held ~37,000, engines left in reference cycles ~6,700 each."""
+    held ~36,000, engines left in reference cycles ~6,700 each."""
     result = yield
     if nextitem is None or nextitem.module is not item.module:
         if "jax" in sys.modules:
