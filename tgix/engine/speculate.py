@@ -157,11 +157,14 @@ def repeats_context(seq: RequestState, n: int | None = None) -> bool:
     context: the text is copying (a quote, a rewritten file), and prompt lookup has a draft.
     A row paused after rejected drafts (pause_after) drafts anyway then. A placeholder
     (run-ahead) matches nothing."""
-    n = MIN_MATCH if n is None else n
-    ids = context_ids(seq)
+    return _repeats(context_ids(seq), MIN_MATCH if n is None else n)
+
+
+def _repeats(ids: list[int], n: int) -> bool:
+    """Whether ids' last n (no placeholder among them) occurred earlier in ids."""
     if len(ids) <= n or min(ids[-n:]) < 0:
         return False
-    return match_ends(np.asarray(ids[-LOOKBACK:], dtype=np.int64), n).size > 0
+    return match_ends(np.asarray(ids, dtype=np.int64), n).size > 0
 
 
 class MedusaProposer:
@@ -183,14 +186,13 @@ def may_draft(seq: RequestState, proposer: Proposer) -> bool:
     the row was copying), so a row whose last known ids repeat none runs ahead (free chat
     keeps run-ahead's overlap); other proposers may draft unless the row is paused and not
     copying."""
-    if isinstance(proposer, NgramProposer):
-        if repeats_context(seq, proposer.min_n):
-            return True
+    if isinstance(proposer, NgramProposer):  # one context; the cheap local check first
         ids, anchor = anchored_context(seq)
-        if anchor is None or not proposer.local_window:
-            return False
-        near = local_match(ids, anchor, proposer.min_n, proposer.local_window)
-        return near is not None
+        window = proposer.local_window
+        near = anchor is not None and window > 0
+        if near and local_match(ids, anchor, proposer.min_n, window) is not None:
+            return True
+        return _repeats(ids, proposer.min_n)
     return seq.draft_pause == 0 or repeats_context(seq)
 
 
