@@ -13,13 +13,17 @@ from tgix.attention.xla_mixed import BIG_CHUNK_PAGES, big_chunks, mixed_attentio
 N, K, H, PAGE = 6, 2, 8, 4
 
 
-def random_step(rng, shapes, num_tokens, num_rows, pages_per_row=64):
-    """Rows given as (cached, new) token counts on shuffled pages; pages hold random K/V for
-    every position (history and this step's), k_new/v_new are this step's slice of them."""
+def random_step(rng, shapes, num_tokens, num_rows, pages_per_row=64, *, group=(), shared=0):
+    """Rows given as (cached, new) token counts on shuffled pages, those in `group` beginning
+    with the same `shared` pages (a shared system prompt); pages hold random K/V for every
+    position (history and this step's), k_new/v_new are this step's slice of them."""
     free = iter(rng.permutation(np.arange(1, 400)))
+    common = [int(next(free)) for _ in range(shared)]
     rows = []
-    for cached, new in shapes:
+    for i, (cached, new) in enumerate(shapes):
         pages = [int(next(free)) for _ in range(-(-(cached + new) // PAGE))]
+        if i in group:
+            pages[:shared] = common
         rows.append(RowInput([0] * new, cached, pages))
     arrays = pack_step(rows, page_size=PAGE, num_tokens=num_tokens, num_rows=num_rows,
                        pages_per_row=pages_per_row)  # fmt: skip
@@ -91,32 +95,6 @@ def test_long_histories_read_big_chunks_then_small(window):
     np.testing.assert_allclose(np.asarray(got)[:real], np.asarray(want)[:real], atol=2e-5)
 
 
-def shared_step(rng, shared, shapes, num_tokens, num_rows, group):
-    """random_step's arrays for rows whose tables begin with the same `shared` pages (the
-    rows listed in `group`), the rest on pages of their own; and pack's shared_pages."""
-    step = random_step(rng, shapes, num_tokens, num_rows, pages_per_row=96)
-    md = step[5]
-    table = np.asarray(md.page_table)
-    common = rng.permutation(np.arange(400, 500))[:shared]  # pages no row owns yet
-    rows = []
-    for i, (cached, new) in enumerate(shapes):
-        pages = [int(p) for p in table[i, : -(-(cached + new) // PAGE)]]
-        if i in group:
-            pages[:shared] = [int(p) for p in common]
-        rows.append(RowInput([0] * new, cached, pages))
-    arrays = pack_step(rows, page_size=PAGE, num_tokens=num_tokens, num_rows=num_rows,
-                       pages_per_row=96)  # fmt: skip
-    md = AttentionMetadata(**{f: jnp.asarray(arrays[f]) for f in METADATA_FIELDS})
-    k_pages, v_pages = (rng.normal(size=(500, PAGE, K, H)).astype(np.float32) for _ in "kv")
-    k_pages[0] = v_pages[0] = 1e3
-    slots = arrays["slot_mapping"]
-    k_new, v_new = k_pages.reshape(-1, K, H)[slots], v_pages.reshape(-1, K, H)[slots]
-    q = jnp.asarray(rng.normal(size=(num_tokens, N, H)).astype(np.float32))
-    real = sum(new for _, new in shapes)
-    out = [q] + [jnp.asarray(x) for x in (k_new, v_new, k_pages, v_pages)] + [md, real]
-    return out, arrays["shared_pages"]
-
-
 SHARED_STEPS = {  # (cached, new) per row for s shared positions; rows on the shared pages;
     # the rows pack marks as sharing them (the leading one-token rows)
     "chat burst": (
@@ -145,10 +123,11 @@ def test_rows_sharing_prefix_pages_equal_reference(steps, shared, window, block,
     shapes_of, sharing, readers = SHARED_STEPS[steps]
     shapes = shapes_of(shared * PAGE)
     rng = np.random.default_rng(shared + len(shapes))
-    step, shared_pages = shared_step(rng, shared, shapes, 64, 12, sharing)
+    step = random_step(rng, shapes, 64, 12, 96, group=sharing, shared=shared)
+    q, k_new, v_new, k_pages, v_pages, md, real = step
+    shared_pages = np.asarray(md.shared_pages)  # what pack found
     assert list(np.flatnonzero(shared_pages)) == readers
     assert set(shared_pages[readers]) == {shared}
-    q, k_new, v_new, k_pages, v_pages, md, real = step
     want = reference_attention(q, k_pages, v_pages, md, sliding_window=window)
     got = mixed_attention(q, k_new, v_new, k_pages, v_pages, md, sliding_window=window,
                           block=block, chunk_pages=chunk_pages)  # fmt: skip
