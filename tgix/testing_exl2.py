@@ -18,7 +18,7 @@ import pathlib
 
 import numpy as np
 
-from tgix.testing_quant import _float_tensors, _linear_layers, _write
+from tgix.testing_quant import float_tensors, linear_layers, write_checkpoint
 
 CYCLE = (3, 5, 4, 8, 2, 6)  # every width ExLlamaV2 writes
 
@@ -106,13 +106,13 @@ def write_exl2_checkpoint(base, path, *, reference=None, seed: int = 0) -> pathl
     """An exl2 checkpoint of the float checkpoint `base` (its decoder's input widths multiples
     of 32, the LM head's of 64), and at `reference` the float twin holding the exl2
     definition's weights."""
-    tensors = _float_tensors(base)
+    tensors = float_tensors(base)
     out, ref = dict(tensors), dict(tensors)
     rng = np.random.default_rng(seed)
-    layers = _linear_layers(tensors, ()) + ["lm_head"] * ("lm_head.weight" in tensors)
+    layers = linear_layers(tensors, ()) + ["lm_head"] * ("lm_head.weight" in tensors)
     for index, layer in enumerate(layers):
         w = out.pop(f"{layer}.weight")
         parts, ref[f"{layer}.weight"] = _exl2_layer(w, index, rng, head=layer == "lm_head")
         out.update({f"{layer}.{part}": value for part, value in parts.items()})
     qc = {"quant_method": "exl2", "version": "0.2.8", "bits": 4.0, "head_bits": 6}
-    return _write(base, path, reference, out, ref, qc)
+    return write_checkpoint(base, path, reference, out, ref, qc)

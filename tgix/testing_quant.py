@@ -57,7 +57,12 @@ def _dequantized(q, scale, zero, group):
     return w.reshape(n, k).astype(np.float32)
 
 
-def _write(base, path, reference, tensors, ref_tensors, quantization_config, extra_files=None):
+def write_checkpoint(
+    base, path, reference, tensors, ref_tensors, quantization_config, extra_files=None
+):
+    """`path`: base's tokenizer and config files beside `tensors` (the packed weights), with
+    `quantization_config` in config.json; `reference` (None: not written): the same beside
+    `ref_tensors` (the dequantized floats) and no quantization_config. Returns path."""
     from safetensors.numpy import save_file
 
     base, path = pathlib.Path(base), pathlib.Path(path)
@@ -89,7 +94,8 @@ def _write(base, path, reference, tensors, ref_tensors, quantization_config, ext
     return path
 
 
-def _float_tensors(base) -> dict[str, np.ndarray]:
+def float_tensors(base) -> dict[str, np.ndarray]:
+    """name -> array of every tensor in base's safetensors files."""
     from safetensors.numpy import load_file
 
     tensors = {}
@@ -98,7 +104,8 @@ def _float_tensors(base) -> dict[str, np.ndarray]:
     return tensors
 
 
-def _linear_layers(tensors, skip) -> list[str]:
+def linear_layers(tensors, skip) -> list[str]:
+    """Names (without ".weight") of the decoder's linear layers in tensors, minus `skip`."""
     return [
         name[: -len(".weight")]
         for name in tensors
@@ -126,9 +133,9 @@ def write_awq_checkpoint(base, path, *, reference=None, group: int = 8, skip=())
     """AutoAWQ `gemm` checkpoint (4-bit, asymmetric): qweight [K, N/8] and qzeros [K/G, N/8]
     packed along N in AWQ's order, scales [K/G, N] float16; `skip` layers stay float (listed
     in modules_to_not_convert)."""
-    tensors = _float_tensors(base)
+    tensors = float_tensors(base)
     out, ref = dict(tensors), dict(tensors)
-    for layer in _linear_layers(tensors, skip):
+    for layer in linear_layers(tensors, skip):
         w = out.pop(f"{layer}.weight")
         q, scale, zero = _quantize_groups(w, 4, group, sym=False)
         ref[f"{layer}.weight"] = _dequantized(q, scale, zero, group)
@@ -145,7 +152,7 @@ def write_awq_checkpoint(base, path, *, reference=None, group: int = 8, skip=())
         "quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
         "version": "gemm", "modules_to_not_convert": list(skip) or None,
     }  # fmt: skip
-    return _write(base, path, reference, out, ref, qc)
+    return write_checkpoint(base, path, reference, out, ref, qc)
 
 
 def write_gptq_checkpoint(
@@ -155,10 +162,10 @@ def write_gptq_checkpoint(
     """AutoGPTQ checkpoint: qweight [K*b/32, N] packed along K, qzeros [K/G, N*b/32] along N
     (v1 stores zero - 1, `version="v2"` the zero), scales [K/G, N] float16, g_idx [K]
     (`act_order`: a random order of the inputs decides their groups, as desc_act does)."""
-    tensors = _float_tensors(base)
+    tensors = float_tensors(base)
     out, ref = dict(tensors), dict(tensors)
     rng = np.random.default_rng(seed)
-    for layer in _linear_layers(tensors, ()):
+    for layer in linear_layers(tensors, ()):
         w = out.pop(f"{layer}.weight")
         k = w.shape[1]
         order = rng.permutation(k) if act_order else np.arange(k)
@@ -180,7 +187,7 @@ def write_gptq_checkpoint(
         "quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": act_order,
         "sym": sym, "checkpoint_format": "gptq" if version == "v1" else "gptq_v2",
     }  # fmt: skip
-    return _write(base, path, reference, out, ref, qc)
+    return write_checkpoint(base, path, reference, out, ref, qc)
 
 
 def write_compressed_tensors_checkpoint(
@@ -193,9 +200,9 @@ def write_compressed_tensors_checkpoint(
     [N, K], weight_scale [N, 1])."""
     import ml_dtypes
 
-    tensors = _float_tensors(base)
+    tensors = float_tensors(base)
     out, ref = dict(tensors), dict(tensors)
-    for layer in _linear_layers(tensors, ()):
+    for layer in linear_layers(tensors, ()):
         w = out.pop(f"{layer}.weight")
         n, k = w.shape
         if fp8:
@@ -226,7 +233,7 @@ def write_compressed_tensors_checkpoint(
         "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
         "ignore": ["lm_head"],
     }
-    return _write(base, path, reference, out, ref, qc)
+    return write_checkpoint(base, path, reference, out, ref, qc)
 
 
 _TO_GGUF = {
@@ -263,7 +270,7 @@ def write_gguf(base, out_path, *, types: dict[str, str] | None = None) -> pathli
     import gguf
 
     cfg = json.loads((pathlib.Path(base) / "config.json").read_text())
-    tensors = _float_tensors(base)
+    tensors = float_tensors(base)
     writer = gguf.GGUFWriter(out_path, "llama")
     writer.add_block_count(cfg["num_hidden_layers"])
     writer.add_context_length(cfg["max_position_embeddings"])
