@@ -4,7 +4,7 @@ concurrency 1 and 8; and what a verify step of T tokens costs beside a decode st
 
     python -m benchmarks.speculate [--speculate 0 2 3 5 3/2] [--workloads code qa chat]
         [--concurrency 1 8] [--json PATH]
-    python -m benchmarks.speculate --verify-cost [--rows 1 2 4 8] [--draft 3 7]
+    python -m benchmarks.speculate --verify-cost [--rows 1 2 4 8] [--draft 3 7] [--prompt-tokens 64]
 
 Workloads (greedy, chat template, stop at EOS or max tokens):
   code  the prompt holds a small Python module; the answer rewrites it with one small change
@@ -19,7 +19,7 @@ Concurrency c submits c requests at once (prompts cycled); tok/s is generated to
 the wall time of the run; "per step" is a request's decode tokens per step it was in
 (1 + accepted drafts / decode steps); "same" says whether every request's ids equal the
 run without speculation; "3/2" is k=3 with n-gram matches of at least 2 tokens (the
-default proposer takes 1-token matches too).
+default proposer needs 3, or 2 near where it was copying).
 --verify-cost times R rows decoding 1 token a step against R rows verifying k+1 (every
 draft rejected, so one token a step either way), the limit of rows per verify step lifted:
 the median time between a request's tokens, and the engine's step durations.
@@ -188,8 +188,21 @@ def compare(args) -> dict:
     finally:
         for engine in engines.values():
             engine.shutdown()
+    round_ratios = {  # each round ran every config once, minutes apart at most
+        (k, name, c): [
+            r["tok_s"] / b["tok_s"] for r, b in zip(runs, results[("0", name, c)], strict=True)
+        ]
+        for (k, name, c), runs in results.items()
+        if ("0", name, c) in results
+    }
     results = {
-        key: {**runs[0], "tok_s": median(r["tok_s"] for r in runs), "runs": len(runs)}
+        key: {
+            **runs[0],
+            "tok_s": median(r["tok_s"] for r in runs),
+            "runs": len(runs),
+            "all_tok_s": [r["tok_s"] for r in runs],
+            "round_ratio": median(round_ratios[key]) if key in round_ratios else float("nan"),
+        }
         for key, runs in results.items()
     }
     rows = []
@@ -200,10 +213,14 @@ def compare(args) -> dict:
                 r = results[(k, name, c)]
                 same = "-" if base is None else str(r["ids"] == base["ids"])
                 speedup = ratio(r["tok_s"], base["tok_s"]) if base else float("nan")
-                rows.append([name, c, k, r["tok_s"], speedup, r["per_step"], r["tokens"], same])
+                rows.append(
+                    [name, c, k, r["tok_s"], speedup, r["round_ratio"], r["per_step"],
+                     r["tokens"], same]
+                )  # fmt: skip
     print_table(
-        "Speculative decoding (n-gram drafts), default model",
-        ["workload", "c", "k", "tok/s", "vs off", "per step", "tokens", "same"],
+        "Speculative decoding (n-gram drafts), default model. tok/s: median over rounds; vs"
+        " off: of the medians; by round: the median of each round's k / off",
+        ["workload", "c", "k", "tok/s", "vs off", "by round", "per step", "tokens", "same"],
         rows,
     )
     return {f"{n}/c{c}/k{k}": {**v, "ids": None} for (k, n, c), v in results.items()}
@@ -216,7 +233,7 @@ def verify_cost(args) -> dict:
         speculate.VERIFY_TOKENS["cpu"] = max(args.rows) * (k + 1)  # lift the rule to measure
         steps: dict = collections.defaultdict(list)
         engine = make_engine(k, args.kv_tokens, _recorder(steps))
-        rng = np.random.default_rng(0)
+        rng, history = np.random.default_rng(0), args.prompt_tokens
         engine.proposer = _Rejected(k)
         try:
             for rows in args.rows:
@@ -224,7 +241,7 @@ def verify_cost(args) -> dict:
                     engine.proposer = _Rejected(k) if drafts else _NoDrafts()
                     requests = [
                         GenerationRequest(
-                            prompt_ids=tuple(rng.integers(1000, 40000, 64).tolist()),
+                            prompt_ids=tuple(rng.integers(1000, 40000, history).tolist()),
                             max_new_tokens=40,
                             ignore_eos=True,
                         )
@@ -284,6 +301,7 @@ def main(argv=None) -> None:
     parser.add_argument("--verify-cost", action="store_true")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--draft", type=int, nargs="+", default=[3, 7])
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="--verify-cost's history")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs (rotating order)")
     parser.add_argument("--kv-tokens", type=int, default=16384)
     parser.add_argument("--json", metavar="PATH")
