@@ -40,10 +40,12 @@ if TYPE_CHECKING:
 LOOKBACK = 8192  # tokens searched for a match (the scan is linear in it)
 # Prompt lookup's shortest match. What a draft keeps, by the length n of the suffix match
 # it came from (default model, `benchmarks.speculate`'s code / QA / chat answers, 7-token
-# drafts): n = 1 0.2-0.6 tokens, n = 2 0.5-1.9, n = 3 1.3-4.2, n >= 8 5.7-6.6. The model
-# step alone (Runner executables, 600 tokens of history, 2 cores) takes 29 ms to decode
-# one token and 58-73 ms to verify 3 to 8 (small-T GEMMs are compute-bound here), so a
-# draft pays from about 1.2 kept tokens: from n = 3 (BENCHMARKS.md, speculative decoding).
+# drafts): n = 1 0.2-0.6 tokens, n = 2 0.5-1.9, n = 3 1.3-4.2, n >= 8 5.7-6.6. With the
+# Dense kernels stored [out, in], the engine's verify step of 1 row x 8 tokens costs ~1.57
+# decode steps past 1,000 tokens of history (1 x 2 tokens: 1.26), down from ~2.2; replayed
+# at those costs, drafts from 2-token or 1-token matches (of 7 tokens, or of 1 in a 2-token
+# step) still lose to n = 3 on all three workloads (BENCHMARKS.md, "Verify steps after the
+# [out, in] kernels").
 MIN_MATCH = 3
 # Near the place a row was copying from (see the module docstring): the shortest match there,
 # and how far past that place it may start. Offline over the same answers (BENCHMARKS.md,
@@ -272,9 +274,9 @@ def pause_after(misses: int) -> int:
 
 MAX_SPECULATE = 8  # --speculate above this is refused (each verify shape holds R * (k+1))
 # A verify step stops paying once its R * (k+1) tokens make the step compute-bound. On XLA:CPU
-# (f32, SmolLM2-135M, 2 cores) the model step of T tokens costs about 2.2 decode steps from
-# T=3 to T=8 (BENCHMARKS.md, "Speculative decoding, again") and more past that (inter-token
-# times at T=16-64 measured 2.0-4.0x, an understatement): past 8 tokens the drafts would
+# (f32, SmolLM2-135M, 2 cores) the step of 1 row x 4-8 tokens costs ~1.6 decode steps
+# past 1,000 tokens of history, and 2 rows x 8 tokens 2.25 (BENCHMARKS.md, "Verify steps
+# after the [out, in] kernels"; ~2.2 from T=3 before them): past 8 tokens the drafts would
 # have to be nearly always right. Accelerators stay memory-bound far longer (TGI skips Medusa
 # above 128 tokens; not measured here yet).
 VERIFY_TOKENS = {"cpu": 8, "accelerator": 128}
