@@ -84,12 +84,17 @@ def measure(mode: str | None, args) -> dict:
     from tgix.serve import KV_DTYPES
 
     limits = LimitRequest(**harness.parse_limits(args.limit, args.kv_tokens))
-    model_id, quantize, kv_dtype = None, mode, None
+    model_id, kv_dtype = None, None
     os.environ.pop("TGIX_QUANT_FORM", None)  # a form is one mode's, not the next one's
-    if mode is not None and mode.startswith("kv:"):  # float32 weights, fp8 KV pages
-        quantize, kv_dtype = None, KV_DTYPES[mode[3:]]
-    elif mode is not None and ":" in mode:
-        fmt, form = mode.split(":")
+    os.environ.pop("TGIX_CPU_KERNELS", None)
+    quantize = mode
+    if mode is not None and mode.endswith("/xla"):  # without tgix's int8 CPU kernel
+        quantize = mode.removesuffix("/xla")
+        os.environ["TGIX_CPU_KERNELS"] = "0"
+    if quantize is not None and quantize.startswith("kv:"):  # float32 weights, fp8 KV pages
+        quantize, kv_dtype = None, KV_DTYPES[quantize[3:]]
+    elif quantize is not None and ":" in quantize:
+        fmt, form = quantize.split(":")
         model_id = None if fmt == "gguf" else prequantized_folder(fmt, args.group)
         quantize = None
         os.environ["TGIX_QUANT_FORM"] = form

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 def _source_digest() -> str:
     root = Path(__file__).resolve().parents[1]  # the tgix package
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.cc")]):  # .cc: native kernels
         digest.update(path.relative_to(root).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -46,6 +46,7 @@ def _environment() -> str:
             jax.default_backend(),
             [(d.platform, d.device_kind) for d in devices],
             os.environ.get("XLA_FLAGS", ""),  # compiler options (fusion types, ISA)
+            os.environ.get("TGIX_CPU_KERNELS", ""),  # FFI calls in the program or not
         )
     )
 

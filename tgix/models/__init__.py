@@ -109,6 +109,7 @@ def load_model(
     attention: str = "paged",
     quantize: str | None = None,
     int8_activations: bool | None = None,
+    native_int8: bool | None = None,
     quantize_form: str | None = None,
 ) -> LoadedModel:
     """Load a checkpoint (folder, .gguf, Hub id; None = the embedded SmolLM2) onto `mesh`.
@@ -124,7 +125,9 @@ def load_model(
     `quantize` (eetq, bitsandbytes, fp8: tgix/models/quant.py; bitsandbytes-nf4/-fp4:
     4-bit codebooks, quant_group.py, always kept) quantizes every linear layer as it loads
     (embeddings, norms, the LM head and Medusa heads stay in `dtype`); `int8_activations`
-    picks the int8 matmul form (None: quant.default_int8_activations).
+    picks the int8 matmul form (None: quant.default_int8_activations), and `native_int8`
+    whether tgix's int8 CPU kernel runs it (None: quant.default_native; never on a mesh of
+    several devices).
 
     A pre-quantized checkpoint (AWQ, GPTQ, compressed-tensors, exl2: models/prequant.py) is
     detected from its quantization_config; `quantize` may name its method (or TGI's alias
@@ -187,7 +190,10 @@ def load_model(
     if load_time in CODEBOOK_METHODS:
         abstract = codebook_abstract(abstract, load_time)
     elif load_time is not None:
-        abstract = quantize_abstract(abstract, load_time, int8_activations=int8_activations)
+        native = native_int8 if mesh.devices.size == 1 else False  # GSPMD cannot split FFI
+        abstract = quantize_abstract(
+            abstract, load_time, int8_activations=int8_activations, native=native
+        )
     if form == "kept":
         abstract = group_abstract(abstract, grouped_layouts(checkpoint_cfg, source))
     if default_out_major():  # the float layers that are left: [out, in] on CPU

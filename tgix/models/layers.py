@@ -50,6 +50,7 @@ class Dense(nnx.Module):
         self.codes: nnx.Param | None = None
         self.scale: nnx.Param | None = None
         self.int8_activations = False  # quantized: qmatmul's form (static)
+        self.native_int8 = False  # quantized: tgix's int8 CPU kernel (static)
         self.grouped: GroupLayout | None = None  # group-quantized (static)
         self.zero: nnx.Param | None = None
         self.offset: nnx.Param | None = None
@@ -63,7 +64,13 @@ class Dense(nnx.Module):
         elif self.weight is not None:
             y = out_major_matmul(x, self.weight[...])
         elif self.kernel is None:
-            y = qmatmul(x, self.codes[...], self.scale[...], int8_activations=self.int8_activations)
+            y = qmatmul(
+                x,
+                self.codes[...],
+                self.scale[...],
+                int8_activations=self.int8_activations,
+                native=self.native_int8,
+            )
         else:
             y = jnp.einsum(self.spec, x, self.kernel[...])
         return y if self.bias is None else y + self.bias[...]

@@ -30,6 +30,8 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
+from tgix.models import cpu_int8
+
 # --quantize value -> codes dtype; TGI's other values are refused by name in METHOD_ERRORS
 CODES_DTYPE = {"eetq": np.int8, "bitsandbytes": np.int8, "fp8": ml_dtypes.float8_e4m3fn}
 _CODE_MAX = {np.dtype(np.int8): 127.0, np.dtype(ml_dtypes.float8_e4m3fn): 448.0}
@@ -59,9 +61,18 @@ def dequantize(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 
 def qmatmul(
-    x: jax.Array, codes: jax.Array, scale: jax.Array, *, int8_activations: bool = False
+    x: jax.Array,
+    codes: jax.Array,
+    scale: jax.Array,
+    *,
+    int8_activations: bool = False,
+    native: bool = False,
 ) -> jax.Array:
     """x [T, K] @ the kernel (codes [N, K], scale [N]) -> [T, N] in x's dtype.
+
+    native (int8 codes, XLA:CPU, cpu_int8.available()): tgix's own kernel (cpu_int8.py), the
+    weight-only product reading each code once; measured faster than both forms below at
+    every row count (BENCHMARKS.md), so it takes every call when on.
 
     int8_activations (int8 codes only): x is written as two int8 digits per element
     (split_activations) and both digit rows go through one int8 x int8 -> int32 dot, which
@@ -70,6 +81,8 @@ def qmatmul(
     Otherwise weight-only: the codes are converted and dotted with x as is (on XLA:CPU, up to
     CPU_REDUCE_MAX_ROWS rows, as a multiply and a last-axis reduce, which reads the codes
     without writing a float copy of them)."""
+    if native:
+        return cpu_int8.int8_matmul(x, codes, scale)
     if int8_activations:
         return _int8_dot(x, codes, scale)
     t = x.shape[0]
@@ -122,14 +135,25 @@ def default_int8_activations(method: str) -> bool:
     return np.dtype(CODES_DTYPE[method]) == np.int8 and jax.default_backend() == "cpu"
 
 
+def default_native(method: str) -> bool:
+    """Whether a method's layers run tgix's int8 CPU kernel by default: int8 codes on XLA:CPU
+    where the kernel builds (cpu_int8.available; TGIX_CPU_KERNELS=0 turns it off)."""
+    return np.dtype(CODES_DTYPE[method]) == np.int8 and cpu_int8.available()
+
+
 def quantize_abstract(
-    model: nnx.Module, method: str, *, int8_activations: bool | None = None
+    model: nnx.Module,
+    method: str,
+    *,
+    int8_activations: bool | None = None,
+    native: bool | None = None,
 ) -> nnx.Module:
     """Turn every Dense of an abstract model (nnx.eval_shape) into a quantized one: its
     `kernel [K, N]` becomes `codes [N, K]` + `scale [N]` with the kernel's logical axes
     (reversed for codes), so weights.load_weights fills them and sharding places them as it
-    would the kernel. `int8_activations` (None: default_int8_activations) picks qmatmul's
-    form for every layer."""
+    would the kernel. `int8_activations` (None: default_int8_activations) and `native` (None:
+    default_native; False on a mesh of several devices, which GSPMD cannot split an FFI call
+    over) pick qmatmul's form for every layer."""
     from tgix.models.layers import Dense
 
     codes_dtype = jnp.dtype(CODES_DTYPE[method])
@@ -137,6 +161,10 @@ def quantize_abstract(
         int8_activations = default_int8_activations(method)
     if int8_activations and codes_dtype != jnp.int8:
         raise ValueError(f"--quantize {method}: int8 activations need int8 codes")
+    if native is None:
+        native = default_native(method)
+    if native and codes_dtype != jnp.int8:
+        raise ValueError(f"--quantize {method}: the native CPU kernel needs int8 codes")
     for _, module in nnx.iter_modules(model):
         if not isinstance(module, Dense) or module.kernel is None:
             continue
@@ -149,4 +177,5 @@ def quantize_abstract(
         )
         module.kernel = nnx.data(None)
         module.int8_activations = int8_activations
+        module.native_int8 = native
     return model

@@ -1,0 +1,83 @@
+"""tgix's int8 CPU kernel (tgix/models/cpu_int8.cc through XLA's FFI): it builds on this
+machine, each product equals its float64 definition (weight-only: x is not rounded) at every
+row count the kernel blocks differently (8, 4, 2, 1 rows) and at widths that leave a partial
+16-lane tail, a row's result is bit-equal alone and beside any other rows, and a machine that
+cannot build it falls back to XLA's forms instead of failing."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tgix.models import cpu_int8
+from tgix.models.quant import dequantize, qmatmul, quantize_rows
+
+
+def test_the_kernel_builds_and_registers_here():
+    assert cpu_int8.available()
+    assert cpu_int8.library_path().exists()
+
+
+@pytest.mark.parametrize("k", [7, 16, 40, 600])
+@pytest.mark.parametrize("t", [1, 2, 3, 5, 8, 15, 17])
+def test_products_equal_their_float64_definition(t, k):
+    rng = np.random.default_rng(t * 1000 + k)
+    n = 70  # two blocks of 32 outputs and a partial one
+    codes, scale = quantize_rows(rng.standard_normal((n, k)).astype(np.float32), "eetq")
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    want = x.astype(np.float64) @ dequantize(codes, scale).T.astype(np.float64)
+    got = np.asarray(jax.jit(cpu_int8.int8_matmul)(x, codes, scale))
+    assert got.shape == (t, n) and got.dtype == np.float32
+    # float32 sums of k terms: relative to the terms' magnitudes, not the result's
+    bound = 1e-6 * np.sqrt(k) * (np.abs(x) @ np.abs(dequantize(codes, scale)).T)
+    assert (np.abs(got - want) <= bound + 1e-30).all()
+
+
+def test_a_rows_product_does_not_depend_on_the_rest_of_the_step():
+    rng = np.random.default_rng(7)
+    codes, scale = quantize_rows(rng.standard_normal((300, 584)).astype(np.float32), "eetq")
+    row = rng.standard_normal((1, 584)).astype(np.float32)
+    product = jax.jit(cpu_int8.int8_matmul)
+    alone = np.asarray(product(row, codes, scale))
+    for t in (2, 3, 8, 13, 64):  # large enough steps split the outputs over threads
+        x = rng.standard_normal((t, 584)).astype(np.float32)
+        x[t // 2] = row[0]
+        np.testing.assert_array_equal(np.asarray(product(x, codes, scale))[t // 2], alone[0])
+
+
+def test_qmatmul_routes_to_it_and_keeps_the_input_dtype():
+    rng = np.random.default_rng(8)
+    codes, scale = quantize_rows(rng.standard_normal((48, 64)).astype(np.float32), "eetq")
+    x = jnp.asarray(rng.standard_normal((3, 64)), jnp.bfloat16)
+    got = qmatmul(x, jnp.asarray(codes), jnp.asarray(scale), native=True)
+    assert got.dtype == jnp.bfloat16
+    want = np.asarray(x, np.float32) @ dequantize(codes, scale).T
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-2, atol=1e-2)
+    lowered = jax.jit(lambda x: qmatmul(x, codes, scale, native=True)).lower(x).as_text()
+    assert cpu_int8.TARGET in lowered
+
+
+def test_a_machine_without_a_compiler_falls_back(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("TGIX_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setattr(cpu_int8.shutil, "which", lambda name: None)
+    with caplog.at_level(logging.WARNING, logger="tgix.models.cpu_int8"):
+        assert cpu_int8._load() is False
+    assert "no C++ compiler" in caplog.text
+    assert not list(tmp_path.iterdir())  # nothing half-built left behind
+
+
+def test_the_switch_turns_it_off(monkeypatch):
+    monkeypatch.setenv("TGIX_CPU_KERNELS", "0")
+    assert cpu_int8._load() is False
+
+
+def test_a_failed_compile_leaves_no_file(monkeypatch, tmp_path):
+    broken = tmp_path / "broken.cc"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setattr(cpu_int8, "SOURCE", broken)
+    with pytest.raises(RuntimeError, match="failed"):
+        cpu_int8._build(tmp_path / "out" / "k.so")
+    assert not list((tmp_path / "out").iterdir())
