@@ -81,3 +81,35 @@ def test_a_failed_compile_leaves_no_file(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="failed"):
         cpu_int8._build(tmp_path / "out" / "k.so")
     assert not list((tmp_path / "out").iterdir())
+
+
+_SAVE_OR_LOAD = """
+import sys
+import jax, numpy as np
+from tgix.engine.executable_cache import ExecutableCache
+from tgix.models import cpu_int8
+assert cpu_int8.available()  # registers the target before an executable that calls it loads
+rng = np.random.default_rng(9)
+codes = rng.integers(-127, 128, (40, 24), dtype=np.int8)
+scale = rng.random(40, dtype=np.float32)
+x = rng.standard_normal((3, 24)).astype(np.float32)
+compile = lambda: jax.jit(cpu_int8.int8_matmul).lower(x, codes, scale).compile()
+cache = ExecutableCache(sys.argv[1], jax.devices()[:1])
+y = np.asarray(cache.get_or_compile("int8", compile)(x, codes, scale))
+print(cache.hits, cache.misses, y.tobytes().hex())
+"""
+
+
+def test_a_saved_executable_that_calls_it_loads_in_a_new_process(tmp_path):
+    import subprocess
+    import sys
+
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _SAVE_OR_LOAD, str(tmp_path)],
+            capture_output=True, text=True, timeout=300, check=True,
+        ).stdout.split()  # fmt: skip
+        for _ in range(2)
+    ]
+    assert runs[0][:2] == ["0", "1"] and runs[1][:2] == ["1", "0"]
+    assert runs[0][2] == runs[1][2]
