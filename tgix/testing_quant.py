@@ -114,9 +114,11 @@ def linear_layers(tensors, skip) -> list[str]:
     ]  # fmt: skip
 
 
-def write_roundtrip_twin(src, dst, roundtrip) -> pathlib.Path:
+def write_roundtrip_twin(src, dst, roundtrip, head=None) -> pathlib.Path:
     """A float copy of checkpoint `src` whose linear weights [N, K] are `roundtrip(w)`
-    (quantize then dequantize with a load-time method: the weights that method serves)."""
+    (quantize then dequantize with a load-time method: the weights that method serves), and
+    an untied `lm_head.weight` `head(w)` when given (the bfloat16 head of tgix's int8 CPU
+    kernel, for one)."""
     from safetensors.numpy import load_file, save_file
 
     dst = pathlib.Path(shutil.copytree(src, dst))
@@ -125,6 +127,8 @@ def write_roundtrip_twin(src, dst, roundtrip) -> pathlib.Path:
         for name, value in tensors.items():
             if name.split(".")[-2] in LINEAR and name.endswith(".weight"):
                 tensors[name] = roundtrip(value)
+            elif name == "lm_head.weight" and head is not None:
+                tensors[name] = head(value)
         save_file(tensors, file, metadata={"format": "pt"})
     return dst
 

@@ -1,8 +1,8 @@
 """tgix's int8 CPU kernel (tgix/models/cpu_int8.cc through XLA's FFI): it builds on this
-machine, each product equals its float64 definition (weight-only: x is not rounded) at every
-row count the kernel blocks differently (8, 4, 2, 1 rows) and at widths that leave a partial
-16-lane tail, a row's result is bit-equal alone and beside any other rows, and a machine that
-cannot build it falls back to XLA's forms instead of failing."""
+machine, each product (int8 codes; the LM head's bfloat16 copy) equals its float64 definition
+(weight-only: x is not rounded) at every row count the kernel blocks differently (8, 4, 2, 1
+rows) and at widths that leave a partial 16-lane tail, a row's result is bit-equal alone and
+beside any other rows, and a machine that cannot build it falls back to XLA's forms."""
 
 import logging
 
@@ -33,6 +33,20 @@ def test_products_equal_their_float64_definition(t, k):
     # float32 sums of k terms: relative to the terms' magnitudes, not the result's
     bound = 1e-6 * np.sqrt(k) * (np.abs(x) @ np.abs(dequantize(codes, scale)).T)
     assert (np.abs(got - want) <= bound + 1e-30).all()
+
+
+@pytest.mark.parametrize("t", [1, 4, 11])
+def test_bf16_products_equal_their_float64_definition(t):
+    """The LM head's bfloat16 copy: each weight widened exactly, summed in float32."""
+    rng = np.random.default_rng(t)
+    weight = jnp.asarray(rng.standard_normal((45, 40)), jnp.bfloat16)  # [N, K], K % 16 = 8
+    x = rng.standard_normal((t, 40)).astype(np.float32)
+    exact = np.asarray(weight, np.float64)
+    want = x.astype(np.float64) @ exact.T
+    got = np.asarray(jax.jit(cpu_int8.bf16_matmul)(x, weight))
+    assert got.shape == (t, 45) and got.dtype == np.float32
+    bound = 1e-6 * np.sqrt(40) * (np.abs(x) @ np.abs(exact).T)
+    assert (np.abs(got - want) <= bound).all()
 
 
 def test_a_rows_product_does_not_depend_on_the_rest_of_the_step():
@@ -107,7 +121,10 @@ def test_a_saved_executable_that_calls_it_loads_in_a_new_process(tmp_path):
     runs = [
         subprocess.run(
             [sys.executable, "-c", _SAVE_OR_LOAD, str(tmp_path)],
-            capture_output=True, text=True, timeout=300, check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
         ).stdout.split()  # fmt: skip
         for _ in range(2)
     ]

@@ -18,6 +18,7 @@ from tgix.models import load_model
 from tgix.models.quant import (
     CPU_REDUCE_MAX_ROWS,
     default_int8_activations,
+    default_native,
     dequantize,
     qmatmul,
     quantize_rows,
@@ -58,7 +59,11 @@ def quantized(request, tiny_checkpoints, tmp_path_factory):
     family, method = request.param
     src = tiny_checkpoints(family)
     roundtrip = lambda w: dequantize(*quantize_rows(w, method))
-    ref_path = write_roundtrip_twin(src, tmp_path_factory.mktemp("deq") / family, roundtrip)
+    head = None  # on tgix's int8 CPU kernel the head is read as bfloat16 (decoder.logits)
+    if default_native(method):
+        head = lambda w: np.asarray(jnp.asarray(w, jnp.bfloat16), np.float32)
+    twin = tmp_path_factory.mktemp("deq") / family
+    ref_path = write_roundtrip_twin(src, twin, roundtrip, head)
     return str(src), method, testing.load_reference_model(ref_path)
 
 
@@ -72,6 +77,9 @@ def test_logits_match_transformers_on_the_dequantized_weights(quantized):
     assert loaded.quantize == method
     layer = loaded.model.layers[0]
     assert layer.mlp.up_proj.kernel is None and layer.mlp.up_proj.codes[...].ndim == 2
+    native = default_native(method)  # eetq on CPU: tgix's kernel, and the head as bfloat16
+    assert layer.mlp.up_proj.native_int8 == native
+    assert (loaded.model.head_bf16 is not None) == native
     driver = PagedDriver(loaded.model, loaded.config, loaded.mesh, page_size=4, num_pages=40)
     prompt, continuation = ids(1, 19), ids(2, 5)
     with torch.no_grad():
@@ -100,14 +108,20 @@ def test_each_shard_holds_its_slice_of_the_same_codes(quantized, shards, int8_ac
     difference of 1e-7 upstream can move a rounding of the activations' low digit (1/64,000
     of the row's largest value), so logits agree to 1e-3 and their argmax exactly."""
     path, method, _ = quantized
-    one = load_model(
-        path, quantize=method, mesh=make_mesh(model=1), int8_activations=int8_activations
+    one = load_model(  # XLA's forms on one device too (the native kernel: test_cpu_int8)
+        path,
+        quantize=method,
+        mesh=make_mesh(model=1),
+        int8_activations=int8_activations,
+        native_int8=False,
     )
     many = load_model(
         path, quantize=method, mesh=make_mesh(model=shards), int8_activations=int8_activations
     )
     rounded = one.model.layers[0].mlp.up_proj.int8_activations
     assert rounded == (int8_activations is None and default_int8_activations(method))
+    assert not one.model.layers[0].mlp.up_proj.native_int8 and one.model.head_bf16 is None
+    assert not many.model.layers[0].mlp.up_proj.native_int8  # GSPMD cannot split it
     proj = many.model.layers[0].mlp.down_proj  # codes [D, F]: sharded along F (contracted)
     assert proj.codes[...].sharding.spec[1] == "model"
     np.testing.assert_array_equal(

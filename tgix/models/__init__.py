@@ -29,7 +29,7 @@ from tgix.models.prequant import (
     check_flag,
     read_spec,
 )
-from tgix.models.quant import CODES_DTYPE, quantize_abstract
+from tgix.models.quant import CODES_DTYPE, default_native, quantize_abstract
 from tgix.models.quant_group import (
     CODEBOOK_METHODS,
     GROUPED_FORMS,
@@ -187,10 +187,12 @@ def load_model(
     dtype = jnp.dtype(dtype or default_dtype())  # accepts "bfloat16" etc.
     abstract = build_model(cfg, dtype=dtype, abstract=True, attention=attention)
     load_time = "eetq" if form == "int8" else quantize if spec is None else None
+    native = False  # linear layers on tgix's int8 CPU kernel (quant.qmatmul)
     if load_time in CODEBOOK_METHODS:
         abstract = codebook_abstract(abstract, load_time)
     elif load_time is not None:
-        native = native_int8 if mesh.devices.size == 1 else False  # GSPMD cannot split FFI
+        native = default_native(load_time) if native_int8 is None else native_int8
+        native = native and mesh.devices.size == 1  # GSPMD cannot split an FFI call
         abstract = quantize_abstract(
             abstract, load_time, int8_activations=int8_activations, native=native
         )
@@ -205,6 +207,9 @@ def load_model(
         abstract, checkpoint_cfg, source, mesh, dtype, kv_repeats=repeats, quantize=load_time
     )
     apply_kv_scales(model, source.scales)
+    if native:  # the head's bfloat16 copy, read by the same kernels (decoder.logits)
+        head = model.head_weight().astype(jnp.bfloat16)
+        model.head_bf16 = nnx.data(nnx.Param(head, axes=("vocab", "embed")))
     if medusa is not None:
         heads = load_medusa(
             medusa, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, mesh=mesh, dtype=dtype

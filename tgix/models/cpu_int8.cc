@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 
 #if defined(__AVX512F__)
@@ -30,51 +31,88 @@ namespace {
 
 constexpr int64_t kBlockOutputs = 32;  // outputs per unit of work shared between threads
 
+// Weights the kernel reads, widened to float32: int8 codes (times a per-output scale after
+// the sum), or bfloat16 (the LM head's copy under --quantize eetq: the top 16 bits of a
+// float32, widened by a shift; no scale).
+struct Int8Codes {
+  using Type = int8_t;
+#if defined(__AVX512F__)
+  static __m512 Load16(const int8_t* w) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+  }
+  static __m512 LoadTail(__mmask16 m, const int8_t* w) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, w)));
+  }
+#endif
+  static float Widen(int8_t w) { return static_cast<float>(w); }
+};
+
+struct Bf16Weights {
+  using Type = uint16_t;
+#if defined(__AVX512F__)
+  static __m512 Load16(const uint16_t* w) {
+    __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+  }
+  static __m512 LoadTail(__mmask16 m, const uint16_t* w) {
+    __m256i half = _mm256_maskz_loadu_epi16(m, w);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+  }
+#endif
+  static float Widen(uint16_t w) {
+    uint32_t bits = static_cast<uint32_t>(w) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  }
+};
+
 #if defined(__AVX512F__)
 
 // Outputs n0..n1 for rows t0..t0+TB: one 16-wide float accumulator per row, each widened
-// code vector used for TB rows. (Tiles of 2-4 outputs sharing each x vector measured slower
+// weight vector used for TB rows. (Tiles of 2-4 outputs sharing each x vector measured slower
 // up to 16 rows: 1 row 2.1x the time, 4 rows 1.2x; 8% faster only at 64.)
-template <int TB>
-void Outputs(const float* x, int64_t K, const int8_t* codes, const float* scale, float* y,
-             int64_t N, int64_t n0, int64_t n1, int64_t t0) {
+template <typename W, int TB>
+void Outputs(const float* x, int64_t K, const typename W::Type* weights, const float* scale,
+             float* y, int64_t N, int64_t n0, int64_t n1, int64_t t0) {
   const int64_t tail = K % 16;
   const __mmask16 tail_mask = static_cast<__mmask16>((1u << tail) - 1);
   for (int64_t n = n0; n < n1; ++n) {
-    const int8_t* w = codes + n * K;
+    const typename W::Type* w = weights + n * K;
     __m512 acc[TB];
     for (int t = 0; t < TB; ++t) acc[t] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
-      __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k));
-      __m512 wk = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+      __m512 wk = W::Load16(w + k);
       for (int t = 0; t < TB; ++t)
         acc[t] = _mm512_fmadd_ps(wk, _mm512_loadu_ps(x + (t0 + t) * K + k), acc[t]);
     }
     if (tail) {
-      __m512 wk = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(tail_mask, w + k)));
+      __m512 wk = W::LoadTail(tail_mask, w + k);
       for (int t = 0; t < TB; ++t)
         acc[t] = _mm512_fmadd_ps(wk, _mm512_maskz_loadu_ps(tail_mask, x + (t0 + t) * K + k),
                                  acc[t]);
     }
-    for (int t = 0; t < TB; ++t) y[(t0 + t) * N + n] = _mm512_reduce_add_ps(acc[t]) * scale[n];
+    const float s = scale ? scale[n] : 1.0f;
+    for (int t = 0; t < TB; ++t) y[(t0 + t) * N + n] = _mm512_reduce_add_ps(acc[t]) * s;
   }
 }
 
 #else
 
 // Portable form (no AVX-512): the same sums, vectorised by the compiler where it can.
-template <int TB>
-void Outputs(const float* x, int64_t K, const int8_t* codes, const float* scale, float* y,
-             int64_t N, int64_t n0, int64_t n1, int64_t t0) {
+template <typename W, int TB>
+void Outputs(const float* x, int64_t K, const typename W::Type* weights, const float* scale,
+             float* y, int64_t N, int64_t n0, int64_t n1, int64_t t0) {
   for (int64_t n = n0; n < n1; ++n) {
-    const int8_t* w = codes + n * K;
+    const typename W::Type* w = weights + n * K;
+    const float s = scale ? scale[n] : 1.0f;
     for (int t = 0; t < TB; ++t) {
       const float* xt = x + (t0 + t) * K;
       float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-      for (int64_t k = 0; k < K; ++k) acc += static_cast<float>(w[k]) * xt[k];
-      y[(t0 + t) * N + n] = acc * scale[n];
+      for (int64_t k = 0; k < K; ++k) acc += W::Widen(w[k]) * xt[k];
+      y[(t0 + t) * N + n] = acc * s;
     }
   }
 }
@@ -82,19 +120,21 @@ void Outputs(const float* x, int64_t K, const int8_t* codes, const float* scale,
 #endif
 
 // Every row of x for outputs n0..n1, in blocks of 8 rows (then 4, 2, 1).
-void AllRows(const float* x, int64_t T, int64_t K, const int8_t* codes, const float* scale,
+template <typename W>
+void AllRows(const float* x, int64_t T, int64_t K, const typename W::Type* w, const float* scale,
              float* y, int64_t N, int64_t n0, int64_t n1) {
   int64_t t = 0;
-  for (; t + 8 <= T; t += 8) Outputs<8>(x, K, codes, scale, y, N, n0, n1, t);
-  if (t + 4 <= T) Outputs<4>(x, K, codes, scale, y, N, n0, n1, t), t += 4;
-  if (t + 2 <= T) Outputs<2>(x, K, codes, scale, y, N, n0, n1, t), t += 2;
-  if (t < T) Outputs<1>(x, K, codes, scale, y, N, n0, n1, t);
+  for (; t + 8 <= T; t += 8) Outputs<W, 8>(x, K, w, scale, y, N, n0, n1, t);
+  if (t + 4 <= T) Outputs<W, 4>(x, K, w, scale, y, N, n0, n1, t), t += 4;
+  if (t + 2 <= T) Outputs<W, 2>(x, K, w, scale, y, N, n0, n1, t), t += 2;
+  if (t < T) Outputs<W, 1>(x, K, w, scale, y, N, n0, n1, t);
 }
 
+template <typename W>
 struct Shared {
   const float* x;
-  const int8_t* codes;
-  const float* scale;
+  const typename W::Type* w;
+  const float* scale;  // nullptr: none
   float* y;
   int64_t T, K, N, blocks;
   std::atomic<int64_t> next{0};  // the next block to take
@@ -103,30 +143,29 @@ struct Shared {
   void Work() {
     for (int64_t b; (b = next.fetch_add(1, std::memory_order_relaxed)) < blocks;) {
       int64_t n0 = b * kBlockOutputs, n1 = std::min(N, n0 + kBlockOutputs);
-      AllRows(x, T, K, codes, scale, y, N, n0, n1);
+      AllRows<W>(x, T, K, w, scale, y, N, n0, n1);
       done.fetch_add(1, std::memory_order_release);
     }
   }
 };
 
-ffi::Error Int8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
-                          ffi::Buffer<ffi::S8> codes, ffi::Buffer<ffi::F32> scale,
-                          ffi::ResultBuffer<ffi::F32> y) {
-  auto x_dims = x.dimensions(), codes_dims = codes.dimensions();
-  if (x_dims.size() != 2 || codes_dims.size() != 2 || x_dims[1] != codes_dims[1])
-    return ffi::Error::InvalidArgument("tgix_int8_matmul: x [T, K] and codes [N, K]");
-  auto state = std::make_shared<Shared>();
-  state->x = x.typed_data();
-  state->codes = codes.typed_data();
-  state->scale = scale.typed_data();
-  state->y = y->typed_data();
-  state->T = x_dims[0];
-  state->K = x_dims[1];
-  state->N = codes_dims[0];
-  state->blocks = (state->N + kBlockOutputs - 1) / kBlockOutputs;
-  // helpers: one per pool thread but the caller's own core, when there is enough work
+// y [T, N] = x [T, K] . w [N, K]^T (* scale [N]), split over the caller and the pool.
+template <typename W>
+ffi::Error Run(ffi::ThreadPool& pool, const float* x, const void* w, const float* scale,
+               float* y, int64_t T, int64_t K, int64_t N) {
+  auto state = std::make_shared<Shared<W>>();
+  state->x = x;
+  state->w = static_cast<const typename W::Type*>(w);
+  state->scale = scale;
+  state->y = y;
+  state->T = T;
+  state->K = K;
+  state->N = N;
+  state->blocks = (N + kBlockOutputs - 1) / kBlockOutputs;
+  // helpers: one per pool thread but the caller's own core, when there is enough work (one
+  // row of the default model's largest layer is not: one core streams it as fast)
   int64_t helpers = std::max<int64_t>(pool.num_threads() - 1, 0);
-  if (state->T * state->N * state->K < (int64_t{1} << 20)) helpers = 0;
+  if (T * N * K < (int64_t{1} << 20)) helpers = 0;
   helpers = std::min(helpers, state->blocks - 1);
   for (int64_t h = 0; h < helpers; ++h) pool.Schedule([state] { state->Work(); });
   state->Work();
@@ -138,6 +177,25 @@ ffi::Error Int8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
+ffi::Error Int8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                          ffi::Buffer<ffi::S8> codes, ffi::Buffer<ffi::F32> scale,
+                          ffi::ResultBuffer<ffi::F32> y) {
+  auto x_dims = x.dimensions(), w_dims = codes.dimensions();
+  if (x_dims.size() != 2 || w_dims.size() != 2 || x_dims[1] != w_dims[1])
+    return ffi::Error::InvalidArgument("tgix_int8_matmul: x [T, K] and codes [N, K]");
+  return Run<Int8Codes>(pool, x.typed_data(), codes.untyped_data(), scale.typed_data(),
+                        y->typed_data(), x_dims[0], x_dims[1], w_dims[0]);
+}
+
+ffi::Error Bf16MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                          ffi::Buffer<ffi::BF16> weight, ffi::ResultBuffer<ffi::F32> y) {
+  auto x_dims = x.dimensions(), w_dims = weight.dimensions();
+  if (x_dims.size() != 2 || w_dims.size() != 2 || x_dims[1] != w_dims[1])
+    return ffi::Error::InvalidArgument("tgix_bf16_matmul: x [T, K] and weight [N, K]");
+  return Run<Bf16Weights>(pool, x.typed_data(), weight.untyped_data(), nullptr,
+                          y->typed_data(), x_dims[0], x_dims[1], w_dims[0]);
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TgixInt8Matmul, Int8MatmulImpl,
@@ -146,4 +204,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TgixInt8Matmul, Int8MatmulImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S8>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TgixBf16Matmul, Bf16MatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());

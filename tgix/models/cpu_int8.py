@@ -1,6 +1,7 @@
 """tgix's own int8 matrix product on XLA:CPU (`cpu_int8.cc`, called through XLA's FFI).
 
     y [T, N] = (x [T, K] . codes [N, K]^T) * scale [N]     (x float32, codes int8)
+    y [T, N] = x [T, K] . weight [N, K]^T                   (weight bfloat16: the LM head)
 
 XLA:CPU has no fast form of this product: "convert then dot" writes a float32 copy of the
 codes on every call, and the int8 x int8 dot (quant.py's two-digit activations) does twice the
@@ -40,6 +41,7 @@ import jax.numpy as jnp
 logger = logging.getLogger(__name__)
 
 TARGET = "tgix_int8_matmul"
+BF16_TARGET = "tgix_bf16_matmul"
 SOURCE = Path(__file__).with_suffix(".cc")
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd", "-w")
 _LOCK = threading.Lock()
@@ -119,7 +121,8 @@ def _load() -> bool:
             logger.info("building tgix's int8 CPU kernel into %s", path)
             _build(path)
         lib = ctypes.cdll.LoadLibrary(str(path))
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.TgixInt8Matmul), platform="cpu")
+        for name, handler in ((TARGET, lib.TgixInt8Matmul), (BF16_TARGET, lib.TgixBf16Matmul)):
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler), platform="cpu")
     except Exception as exc:  # a missing compiler or a failed build: the XLA forms still run
         logger.warning("tgix's int8 CPU kernel is unavailable (%s); using XLA's int8 forms", exc)
         return False
@@ -133,3 +136,11 @@ def int8_matmul(x: jax.Array, codes: jax.Array, scale: jax.Array) -> jax.Array:
     out = jax.ShapeDtypeStruct((x.shape[0], codes.shape[0]), jnp.float32)
     y = jax.ffi.ffi_call(TARGET, out)(x.astype(jnp.float32), codes, scale.astype(jnp.float32))
     return y.astype(x.dtype)
+
+
+def bf16_matmul(x: jax.Array, weight: jax.Array) -> jax.Array:
+    """x [T, K] @ weight [N, K] (bfloat16).T -> [T, N] float32: each weight widened exactly to
+    float32 in registers (the LM head's bfloat16 copy under --quantize eetq: half the bytes of
+    the float32 head, read once per 8 rows)."""
+    out = jax.ShapeDtypeStruct((x.shape[0], weight.shape[0]), jnp.float32)
+    return jax.ffi.ffi_call(BF16_TARGET, out)(x.astype(jnp.float32), weight)

@@ -18,6 +18,7 @@ from flax import nnx
 
 from tgix.attention.backend import AttentionBackend, backend
 from tgix.attention.contract import AttentionMetadata, LayerKV
+from tgix.models import cpu_int8
 from tgix.models.attention_block import PagedAttention
 from tgix.models.config import ModelConfig
 from tgix.models.layers import GatedMLP, mrope_cos_sin, norm, rope_cos_sin
@@ -123,6 +124,9 @@ class CausalLM(nnx.Module):
             else LMHead(cfg.vocab_size, cfg.hidden_size, rngs=rngs, dtype=dtype)
         )
         self.medusa = None  # MedusaHeads, set by the loader when the checkpoint has them
+        # [V, D] bfloat16 copy of the head, set by the loader when the linear layers run
+        # tgix's int8 CPU kernel (--quantize eetq on one CPU device): see logits()
+        self.head_bf16: nnx.Param | None = None
 
     def __call__(
         self,
@@ -202,9 +206,15 @@ class CausalLM(nnx.Module):
         return head[...]
 
     def logits(self, x: jax.Array) -> jax.Array:
-        """x [T, D] normed hidden states -> logits [T, V] float32 (Gemma 2: soft-capped)."""
-        logits = out_major_matmul(  # the head [V, D] is out-major
-            x, self.head_weight(), HEAD_TRANSPOSED_ROWS, preferred_element_type=jnp.float32
-        )
+        """x [T, D] normed hidden states -> logits [T, V] float32 (Gemma 2: soft-capped).
+        With `head_bf16` the product reads that copy through cpu_int8's kernel: the float32
+        head is about half of what an int8 decode step reads, and its bfloat16 copy runs a
+        1-row step's head in 0.4x the time (BENCHMARKS.md, "A native int8 kernel on CPU")."""
+        if self.head_bf16 is not None:
+            logits = cpu_int8.bf16_matmul(x, self.head_bf16[...])
+        else:
+            logits = out_major_matmul(  # the head [V, D] is out-major
+                x, self.head_weight(), HEAD_TRANSPOSED_ROWS, preferred_element_type=jnp.float32
+            )
         cap = self.cfg.final_softcap
         return logits if cap is None else cap * jnp.tanh(logits / cap)
