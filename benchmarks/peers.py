@@ -5,13 +5,14 @@ on the same GGUF file, transformers float32 from it), plus the machine's rooflin
     python -m benchmarks.llama_cpp build        # once (about 15 minutes on 2 cores)
     python -m benchmarks.peers [--concurrency 1 4 8 16 32 64] [--new-tokens 32]
         [--prompt-words 64] [--requests 8] [--rounds 3] [--settle 30] [--repeats 1]
-        [--no-llama-cpp] [--no-hf]
+        [--no-llama-cpp] [--no-hf] [--tgix-quantize eetq ...]
 
 In order, each engine alone on the machine:
  1. Roofline (benchmarks.roofline): float32 GEMV GB/s over the model's weights (the batch-1
     decode ceiling) and GEMM GFLOP/s (the prefill ceiling).
  2. For each repeat, tgix (`python -m tgix.serve`, KV budget pinned, warm executable cache
-    after the first start) then `llama-server --parallel 64` (continuous batching, 512 tokens
+    after the first start; then once per `--tgix-quantize` mode, with `--quantize` that mode)
+    then `llama-server --parallel 64` (continuous batching, 512 tokens
     per slot, all cores): the closed-loop sweep of benchmarks.serve_load over both prompt
     sets (synthetic words and real text), OpenAI `/v1/completions` streamed, greedy,
     `ignore_eos`, `--new-tokens` each; at each concurrency C, max(--requests, --rounds x C)
@@ -56,9 +57,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_tgix(port: int, log_path: str) -> subprocess.Popen:
+def start_tgix(port: int, log_path: str, quantize: str | None = None) -> subprocess.Popen:
     args = [sys.executable, "-m", "tgix.serve", "--port", str(port),
             "--max-batch-total-tokens", str(KV_TOKENS), "--max-batch-size", "64"]  # fmt: skip
+    if quantize:
+        args += ["--quantize", quantize]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     wait_healthy(port, proc, timeout_s=600)
@@ -150,10 +153,37 @@ def medians(runs: list[list[dict]]) -> list[dict]:
     return merged
 
 
+def quantized_checks(engine: str, results: dict, name: str, checks: dict) -> None:
+    """A quantized tgix against tgix float32 and llama.cpp (issue 17's targets), one table."""
+    ours, base = results[engine][name], results["tgix"][name]
+    lc = results.get("llama.cpp", {}).get(name)
+    header = ["concurrency", f"{engine} tok/s", "vs tgix float32", "TTFT p50 s"]
+    header += ["vs llama.cpp"] if lc else []
+    rows, vs_float, vs_lc = [], {}, {}
+    for i, r in enumerate(ours):
+        c, rate = r["concurrency"], r["output_token_throughput"]
+        vs_float[c] = rate / base[i]["output_token_throughput"]
+        row = [c, rate, vs_float[c], r["ttft_p50"]]
+        if lc:
+            vs_lc[c] = rate / lc[i]["output_token_throughput"]
+            row.append(vs_lc[c])
+        rows.append(row)
+    print_table(f"{name} prompts: {engine}", header, rows)
+    if 1 in vs_float:
+        checks[f"{name}: {engine} >= 1.8x float32 at 1 ({vs_float[1]:.2f}x)"] = vs_float[1] >= 1.8
+    worst = min(vs_float.values())
+    checks[f"{name}: {engine} no level slower than float32 (worst {worst:.2f}x)"] = worst >= 1
+    if vs_lc:
+        worst = min(vs_lc.values())
+        checks[f"{name}: {engine} ahead of llama.cpp everywhere (worst {worst:.2f}x)"] = worst > 1
+
+
 def report(results: dict, ceilings: dict, args) -> dict:
     """Ratio tables per prompt set and the issue's targets."""
     checks = {}
     for name in results["tgix"]:
+        for engine in (e for e in results if e.startswith("tgix --quantize")):
+            quantized_checks(engine, results, name, checks)
         ours = results["tgix"][name]
         peers = {p: results[p][name] for p in ("llama.cpp", "transformers") if name in results[p]}
         header = ["concurrency", "tgix tok/s", "tgix TTFT p50 s"]
@@ -216,6 +246,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--settle", type=float, default=30, help="idle seconds after /health, every server"
     )
+    parser.add_argument(
+        "--tgix-quantize", nargs="*", default=[], help="also serve tgix with each --quantize"
+    )
     parser.add_argument("--no-llama-cpp", action="store_true")
     parser.add_argument("--no-hf", action="store_true")
     parser.add_argument("--json", default="benchmarks/results/peers.json")
@@ -229,15 +262,17 @@ def main(argv=None) -> int:
         kind: serve_load.load_prompts(kind, args.prompts, args.prompt_words)
         for kind in ("synthetic", "text")
     }
-    runs: dict[str, list[dict]] = {"tgix": [], "llama.cpp": []}
+    variants = {"tgix": None, **{f"tgix --quantize {q}": q for q in args.tgix_quantize}}
+    runs: dict[str, list[dict]] = {**{v: [] for v in variants}, "llama.cpp": []}
     for _ in range(args.repeats):
-        port = free_port()
-        proc = start_tgix(port, log_path)
-        try:
-            time.sleep(args.settle)
-            runs["tgix"].append(sweep_server(port, prompt_sets, args))
-        finally:
-            stop(proc)
+        for variant, quantize in variants.items():
+            port = free_port()
+            proc = start_tgix(port, log_path, quantize)
+            try:
+                time.sleep(args.settle)
+                runs[variant].append(sweep_server(port, prompt_sets, args))
+            finally:
+                stop(proc)
         if not args.no_llama_cpp:
             from benchmarks import llama_cpp
             from tgix.models.hub import default_model_file
