@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tgix.models import cpu_int8
-from tgix.models.quant import dequantize, qmatmul, quantize_rows
+from tgix.models.quant import NATIVE_MAX_ROWS, dequantize, qmatmul, quantize_rows
 
 
 def test_the_kernel_builds_and_registers_here():
@@ -71,6 +71,18 @@ def test_qmatmul_routes_to_it_and_keeps_the_input_dtype():
     np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-2, atol=1e-2)
     lowered = jax.jit(lambda x: qmatmul(x, codes, scale, native=True)).lower(x).as_text()
     assert cpu_int8.TARGET in lowered
+
+
+def test_prompts_of_many_rows_run_xlas_float_gemm_on_the_same_weights():
+    rng = np.random.default_rng(10)
+    codes, scale = quantize_rows(rng.standard_normal((20, 48)).astype(np.float32), "eetq")
+    weights = dequantize(codes, scale)
+    for t in (NATIVE_MAX_ROWS - 1, NATIVE_MAX_ROWS):
+        x = jnp.asarray(rng.standard_normal((t, 48)), jnp.float32)
+        product = jax.jit(lambda x: qmatmul(x, codes, scale, native=True))
+        assert (cpu_int8.TARGET in product.lower(x).as_text()) == (t < NATIVE_MAX_ROWS)
+        want = np.asarray(x, np.float64) @ weights.T.astype(np.float64)
+        np.testing.assert_allclose(np.asarray(product(x)), want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_machine_without_a_compiler_falls_back(monkeypatch, tmp_path, caplog):

@@ -40,6 +40,11 @@ _CODE_MAX = {np.dtype(np.int8): 127.0, np.dtype(ml_dtypes.float8_e4m3fn): 448.0}
 # convert-then-dot form, whose float32 weight copy is paid once for many rows, is faster).
 CPU_REDUCE_MAX_ROWS = 8
 
+# Rows from which a native layer converts its codes and runs XLA's float32 GEMM instead of
+# tgix's kernel (the default model's 210 projections, ms: 256 rows 360 against 415, 384 rows
+# 560 against 512, 512 rows 700 against 607; BENCHMARKS.md).
+NATIVE_MAX_ROWS = 384
+
 
 def quantize_rows(w: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
     """A float weight [N, K] (out, in: HF's linear layout) -> (codes [N, K], scale [N]
@@ -71,8 +76,9 @@ def qmatmul(
     """x [T, K] @ the kernel (codes [N, K], scale [N]) -> [T, N] in x's dtype.
 
     native (int8 codes, XLA:CPU, cpu_int8.available()): tgix's own kernel (cpu_int8.py), the
-    weight-only product reading each code once; measured faster than both forms below at
-    every row count (BENCHMARKS.md), so it takes every call when on.
+    weight-only product reading each code once, below NATIVE_MAX_ROWS rows; from there
+    (prompts) the codes are converted and dotted in float32 as XLA's GEMM runs them, which
+    measured faster there (BENCHMARKS.md, "A native int8 kernel on CPU").
 
     int8_activations (int8 codes only): x is written as two int8 digits per element
     (split_activations) and both digit rows go through one int8 x int8 -> int32 dot, which
@@ -81,8 +87,11 @@ def qmatmul(
     Otherwise weight-only: the codes are converted and dotted with x as is (on XLA:CPU, up to
     CPU_REDUCE_MAX_ROWS rows, as a multiply and a last-axis reduce, which reads the codes
     without writing a float copy of them)."""
-    if native:
+    if native and x.shape[0] < NATIVE_MAX_ROWS:
         return cpu_int8.int8_matmul(x, codes, scale)
+    if native:  # many rows: a float32 copy of the codes is paid once for all of them
+        y = jnp.einsum("tk,nk->tn", x.astype(jnp.float32), codes.astype(jnp.float32))
+        return (y * scale[None, :]).astype(x.dtype)
     if int8_activations:
         return _int8_dot(x, codes, scale)
     t = x.shape[0]
