@@ -47,8 +47,17 @@ def _environment() -> str:
             [(d.platform, d.device_kind) for d in devices],
             os.environ.get("XLA_FLAGS", ""),  # compiler options (fusion types, ISA)
             os.environ.get("TGIX_CPU_KERNELS", ""),  # FFI calls in the program or not
+            _kernels_loaded(),
         )
     )
+
+
+def _kernels_loaded() -> bool | None:
+    """Whether tgix's CPU kernel is registered in this process (None: not asked yet): an
+    executable that calls it must not load where it could not be built."""
+    from tgix.models import cpu_int8
+
+    return cpu_int8.loaded()
 
 
 class ExecutableCache:

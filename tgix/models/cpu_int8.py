@@ -112,6 +112,13 @@ def available() -> bool:
     return bool(_STATE["ok"])
 
 
+def loaded() -> bool | None:
+    """Whether the kernel is registered in this process, without building it (None: not
+    decided yet)."""
+    ok = _STATE.get("ok")
+    return None if ok is None else bool(ok)
+
+
 def _load() -> bool:
     if os.environ.get("TGIX_CPU_KERNELS", "1") == "0" or jax.default_backend() != "cpu":
         return False
