@@ -1,6 +1,7 @@
 // tgix's int8 matrix product for XLA:CPU, called through XLA's FFI (tgix/models/cpu_int8.py).
 //
-//   y[T, N] = (x[T, K] . codes[N, K]^T) * scale[N]
+//   y[T, N] = (x[T, K] . codes[N, K]^T) * scale[N]     TgixInt8Matmul
+//   y[T, N] = x[T, K] . weight[N, K]^T                 TgixBf16Matmul (the LM head's copy)
 //
 // x float32 (not quantized: the result is the weight-only product, as TGI's eetq on GPU),
 // codes int8 out-major (each output's K inputs contiguous), scale float32 per output. Each
