@@ -141,7 +141,7 @@ def int8_matmul(x: jax.Array, codes: jax.Array, scale: jax.Array) -> jax.Array:
     """x [T, K] @ (codes [N, K] int8, scale [N] float32) -> [T, N] in x's dtype, computed in
     float32 by the kernel (`available()` must be True)."""
     out = jax.ShapeDtypeStruct((x.shape[0], codes.shape[0]), jnp.float32)
-    y = jax.ffi.ffi_call(TARGET, out)(x.astype(jnp.float32), codes, scale.astype(jnp.float32))
+    y = jax.ffi.ffi_call(TARGET, out)(x.astype(jnp.float32), codes, scale)
     return y.astype(x.dtype)
 
 

@@ -90,10 +90,7 @@ def qmatmul(
     without writing a float copy of them)."""
     if native and x.shape[0] < NATIVE_MAX_ROWS:
         return cpu_int8.int8_matmul(x, codes, scale)
-    if native:  # many rows: a float32 copy of the codes is paid once for all of them
-        y = jnp.einsum("tk,nk->tn", x.astype(jnp.float32), codes.astype(jnp.float32))
-        return (y * scale[None, :]).astype(x.dtype)
-    if int8_activations:
+    if int8_activations and not native:  # native prompts: the weight-only dot below
         return _int8_dot(x, codes, scale)
     t = x.shape[0]
     if jax.default_backend() == "cpu" and t <= CPU_REDUCE_MAX_ROWS:
