@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 
 from tests.paged import PagedDriver, greedy, prompt_then_tokens
 from tgix import testing, testing_quant
-from tgix.models import QuantizeError, load_model
+from tgix.models import QuantizeError, cpu_int8, load_model
 from tgix.models.checkpoint import SafetensorsSource
 from tgix.models.prequant import PrequantizedSource, check_flag, read_spec
 from tgix.models.quant_group import GroupedWeight
@@ -193,7 +193,11 @@ def test_int8_form_requantizes_per_output_channel(checkpoints):
     path, ref_path = checkpoints("gptq-v1")
     loaded = load_model(str(path), quantize_form="int8")
     proj = loaded.model.layers[0].self_attn.q_proj
-    assert proj.codes[...].dtype == np.int8 and proj.scale[...].shape == (48,)
+    assert proj.scale[...].shape == (48,)
+    codes = proj.codes[...]  # int8 [N, K], or packed for tgix's CPU kernel (cpu_int8.pack)
+    native = proj.native_int8
+    assert codes.shape == (cpu_int8.packed_shape(48, 48) if native else (48, 48))
+    assert codes.dtype == (np.uint8 if native else np.int8)
     prompt = ids(6, 12)
     with torch.no_grad():
         full = testing.load_reference_model(ref_path)(torch.tensor([prompt])).logits[0].numpy()

@@ -15,6 +15,7 @@ import torch
 from tests.paged import PagedDriver
 from tgix import testing
 from tgix.models import load_model
+from tgix.models.cpu_int8 import packed_shape
 from tgix.models.quant import (
     CPU_REDUCE_MAX_ROWS,
     default_int8_activations,
@@ -28,6 +29,7 @@ from tgix.testing_quant import write_roundtrip_twin
 
 pytestmark = pytest.mark.reference
 ATOL = 1e-4
+ATOL_ROUNDED = 1e-3  # activations as two int8 digits (XLA's int8 dot, the native kernel)
 
 
 def test_int8_codes_are_rounded_weights_over_the_channel_absmax():
@@ -76,26 +78,31 @@ def test_logits_match_transformers_on_the_dequantized_weights(quantized):
     loaded = load_model(path, quantize=method, int8_activations=False)
     assert loaded.quantize == method
     layer = loaded.model.layers[0]
-    assert layer.mlp.up_proj.kernel is None and layer.mlp.up_proj.codes[...].ndim == 2
     native = default_native(method)  # eetq on CPU: tgix's kernel, and the head as bfloat16
-    assert layer.mlp.up_proj.native_int8 == native
+    up = layer.mlp.up_proj
+    assert up.kernel is None and up.native_int8 == native
+    if native:  # packed as the kernel reads them: [N/16, K/4, 64] (cpu_int8.pack)
+        assert up.codes[...].dtype == jnp.uint8 and up.codes[...].shape == packed_shape(56, 40)
+    else:
+        assert up.codes[...].shape == (56, 40)
     assert (loaded.model.head_bf16 is not None) == native
     driver = PagedDriver(loaded.model, loaded.config, loaded.mesh, page_size=4, num_pages=40)
     prompt, continuation = ids(1, 19), ids(2, 5)
     with torch.no_grad():
         full = ref(torch.tensor([prompt + continuation])).logits[0].numpy()
     assert full.std() > 0.5
+    atol = ATOL_ROUNDED if native else ATOL  # int8_activations=False: weight-only in XLA
     # a prefill bucket (dot form), then one-row decode steps, then a step of a few rows
     ours = driver.step({"r": prompt}, num_tokens=32, all_logits=True)["r"]
-    np.testing.assert_allclose(ours, full[: len(prompt)], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(ours, full[: len(prompt)], atol=atol, rtol=0)
     for j, token in enumerate(continuation[:3]):
         ours = driver.step({"r": [token]})["r"]
-        np.testing.assert_allclose(ours, full[len(prompt) + j], atol=ATOL, rtol=0)
+        np.testing.assert_allclose(ours, full[len(prompt) + j], atol=atol, rtol=0)
     few = continuation[3:]
     assert len(few) + 2 <= CPU_REDUCE_MAX_ROWS
     ours = driver.step({"r": few, "s": prompt[:2]}, num_tokens=4, all_logits=True)
-    np.testing.assert_allclose(ours["r"], full[len(prompt) + 3 :], atol=ATOL, rtol=0)
-    np.testing.assert_allclose(ours["s"], full[:2], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(ours["r"], full[len(prompt) + 3 :], atol=atol, rtol=0)
+    np.testing.assert_allclose(ours["s"], full[:2], atol=atol, rtol=0)
     driver.release("r")
     driver.release("s")
     assert len(driver.free) == 39
@@ -137,7 +144,7 @@ def test_each_shard_holds_its_slice_of_the_same_codes(quantized, shards, int8_ac
         driver.release("r")
         assert len(driver.free) == 15
         logits.append(np.stack(step))
-    np.testing.assert_allclose(logits[1], logits[0], atol=1e-3 if rounded else ATOL, rtol=0)
+    np.testing.assert_allclose(logits[1], logits[0], atol=ATOL_ROUNDED if rounded else ATOL, rtol=0)
     np.testing.assert_array_equal(logits[1].argmax(-1), logits[0].argmax(-1))
 
 

@@ -1,14 +1,13 @@
-// tgix's int8 matrix product for XLA:CPU, called through XLA's FFI (tgix/models/cpu_int8.py).
+// The LM head's bfloat16 copy under --quantize eetq on XLA:CPU, called through XLA's FFI
+// (tgix/models/cpu_int8.py; the int8 layers' kernel is cpu_int8_packed.cc):
 //
-//   y[T, N] = (x[T, K] . codes[N, K]^T) * scale[N]     TgixInt8Matmul
-//   y[T, N] = x[T, K] . weight[N, K]^T                 TgixBf16Matmul (the LM head's copy)
+//   y[T, N] = x[T, K] . weight[N, K]^T                 TgixBf16Matmul
 //
-// x float32 (not quantized: the result is the weight-only product, as TGI's eetq on GPU),
-// codes int8 out-major (each output's K inputs contiguous), scale float32 per output. Each
-// code is widened to float32 in registers and multiplied into up to 8 rows of x at once, so
-// the codes are read once per 8 rows and no float copy of them is ever written (what
-// XLA:CPU's own "convert then dot" does). Every output element is one fixed-order sum over
-// its K inputs: a row's result does not depend on the other rows of the step.
+// x float32, weight bfloat16 out-major (each output's K inputs contiguous): each weight is
+// widened exactly to float32 in registers (a 16-bit shift) and multiplied into up to 8 rows
+// of x at once, so the weights are read once per 8 rows and no float copy of them is ever
+// written (what XLA:CPU's own "convert then dot" does). Every output element is one
+// fixed-order sum over its K inputs: a row's result does not depend on the other rows.
 //
 // Work is split over the caller and XLA's intra-op thread pool in blocks of outputs, taken
 // from a shared counter: a pool thread that starts late finds nothing left and returns, and
@@ -32,22 +31,7 @@ namespace {
 
 constexpr int64_t kBlockOutputs = 32;  // outputs per unit of work shared between threads
 
-// Weights the kernel reads, widened to float32: int8 codes (times a per-output scale after
-// the sum), or bfloat16 (the LM head's copy under --quantize eetq: the top 16 bits of a
-// float32, widened by a shift; no scale).
-struct Int8Codes {
-  using Type = int8_t;
-#if defined(__AVX512F__)
-  static __m512 Load16(const int8_t* w) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
-  }
-  static __m512 LoadTail(__mmask16 m, const int8_t* w) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, w)));
-  }
-#endif
-  static float Widen(int8_t w) { return static_cast<float>(w); }
-};
-
+// bfloat16 weights: the top 16 bits of a float32, widened by a shift.
 struct Bf16Weights {
   using Type = uint16_t;
 #if defined(__AVX512F__)
@@ -74,8 +58,8 @@ struct Bf16Weights {
 // weight vector used for TB rows. (Tiles of 2-4 outputs sharing each x vector measured slower
 // up to 16 rows: 1 row 2.1x the time, 4 rows 1.2x; 8% faster only at 64.)
 template <typename W, int TB>
-void Outputs(const float* x, int64_t K, const typename W::Type* weights, const float* scale,
-             float* y, int64_t N, int64_t n0, int64_t n1, int64_t t0) {
+void Outputs(const float* x, int64_t K, const typename W::Type* weights, float* y,
+             int64_t N, int64_t n0, int64_t n1, int64_t t0) {
   const int64_t tail = K % 16;
   const __mmask16 tail_mask = static_cast<__mmask16>((1u << tail) - 1);
   for (int64_t n = n0; n < n1; ++n) {
@@ -94,8 +78,7 @@ void Outputs(const float* x, int64_t K, const typename W::Type* weights, const f
         acc[t] = _mm512_fmadd_ps(wk, _mm512_maskz_loadu_ps(tail_mask, x + (t0 + t) * K + k),
                                  acc[t]);
     }
-    const float s = scale ? scale[n] : 1.0f;
-    for (int t = 0; t < TB; ++t) y[(t0 + t) * N + n] = _mm512_reduce_add_ps(acc[t]) * s;
+    for (int t = 0; t < TB; ++t) y[(t0 + t) * N + n] = _mm512_reduce_add_ps(acc[t]);
   }
 }
 
@@ -103,17 +86,16 @@ void Outputs(const float* x, int64_t K, const typename W::Type* weights, const f
 
 // Portable form (no AVX-512): the same sums, vectorised by the compiler where it can.
 template <typename W, int TB>
-void Outputs(const float* x, int64_t K, const typename W::Type* weights, const float* scale,
-             float* y, int64_t N, int64_t n0, int64_t n1, int64_t t0) {
+void Outputs(const float* x, int64_t K, const typename W::Type* weights, float* y,
+             int64_t N, int64_t n0, int64_t n1, int64_t t0) {
   for (int64_t n = n0; n < n1; ++n) {
     const typename W::Type* w = weights + n * K;
-    const float s = scale ? scale[n] : 1.0f;
     for (int t = 0; t < TB; ++t) {
       const float* xt = x + (t0 + t) * K;
       float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
       for (int64_t k = 0; k < K; ++k) acc += W::Widen(w[k]) * xt[k];
-      y[(t0 + t) * N + n] = acc * s;
+      y[(t0 + t) * N + n] = acc;
     }
   }
 }
@@ -122,20 +104,19 @@ void Outputs(const float* x, int64_t K, const typename W::Type* weights, const f
 
 // Every row of x for outputs n0..n1, in blocks of 8 rows (then 4, 2, 1).
 template <typename W>
-void AllRows(const float* x, int64_t T, int64_t K, const typename W::Type* w, const float* scale,
-             float* y, int64_t N, int64_t n0, int64_t n1) {
+void AllRows(const float* x, int64_t T, int64_t K, const typename W::Type* w, float* y,
+             int64_t N, int64_t n0, int64_t n1) {
   int64_t t = 0;
-  for (; t + 8 <= T; t += 8) Outputs<W, 8>(x, K, w, scale, y, N, n0, n1, t);
-  if (t + 4 <= T) Outputs<W, 4>(x, K, w, scale, y, N, n0, n1, t), t += 4;
-  if (t + 2 <= T) Outputs<W, 2>(x, K, w, scale, y, N, n0, n1, t), t += 2;
-  if (t < T) Outputs<W, 1>(x, K, w, scale, y, N, n0, n1, t);
+  for (; t + 8 <= T; t += 8) Outputs<W, 8>(x, K, w, y, N, n0, n1, t);
+  if (t + 4 <= T) Outputs<W, 4>(x, K, w, y, N, n0, n1, t), t += 4;
+  if (t + 2 <= T) Outputs<W, 2>(x, K, w, y, N, n0, n1, t), t += 2;
+  if (t < T) Outputs<W, 1>(x, K, w, y, N, n0, n1, t);
 }
 
 template <typename W>
 struct Shared {
   const float* x;
   const typename W::Type* w;
-  const float* scale;  // nullptr: none
   float* y;
   int64_t T, K, N, blocks;
   std::atomic<int64_t> next{0};  // the next block to take
@@ -144,20 +125,19 @@ struct Shared {
   void Work() {
     for (int64_t b; (b = next.fetch_add(1, std::memory_order_relaxed)) < blocks;) {
       int64_t n0 = b * kBlockOutputs, n1 = std::min(N, n0 + kBlockOutputs);
-      AllRows<W>(x, T, K, w, scale, y, N, n0, n1);
+      AllRows<W>(x, T, K, w, y, N, n0, n1);
       done.fetch_add(1, std::memory_order_release);
     }
   }
 };
 
-// y [T, N] = x [T, K] . w [N, K]^T (* scale [N]), split over the caller and the pool.
+// y [T, N] = x [T, K] . w [N, K]^T, split over the caller and the pool.
 template <typename W>
-ffi::Error Run(ffi::ThreadPool& pool, const float* x, const void* w, const float* scale,
-               float* y, int64_t T, int64_t K, int64_t N) {
+ffi::Error Run(ffi::ThreadPool& pool, const float* x, const void* w, float* y,
+               int64_t T, int64_t K, int64_t N) {
   auto state = std::make_shared<Shared<W>>();
   state->x = x;
   state->w = static_cast<const typename W::Type*>(w);
-  state->scale = scale;
   state->y = y;
   state->T = T;
   state->K = K;
@@ -178,34 +158,16 @@ ffi::Error Run(ffi::ThreadPool& pool, const float* x, const void* w, const float
   return ffi::Error::Success();
 }
 
-ffi::Error Int8MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
-                          ffi::Buffer<ffi::S8> codes, ffi::Buffer<ffi::F32> scale,
-                          ffi::ResultBuffer<ffi::F32> y) {
-  auto x_dims = x.dimensions(), w_dims = codes.dimensions();
-  if (x_dims.size() != 2 || w_dims.size() != 2 || x_dims[1] != w_dims[1])
-    return ffi::Error::InvalidArgument("tgix_int8_matmul: x [T, K] and codes [N, K]");
-  return Run<Int8Codes>(pool, x.typed_data(), codes.untyped_data(), scale.typed_data(),
-                        y->typed_data(), x_dims[0], x_dims[1], w_dims[0]);
-}
-
 ffi::Error Bf16MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                           ffi::Buffer<ffi::BF16> weight, ffi::ResultBuffer<ffi::F32> y) {
   auto x_dims = x.dimensions(), w_dims = weight.dimensions();
   if (x_dims.size() != 2 || w_dims.size() != 2 || x_dims[1] != w_dims[1])
     return ffi::Error::InvalidArgument("tgix_bf16_matmul: x [T, K] and weight [N, K]");
-  return Run<Bf16Weights>(pool, x.typed_data(), weight.untyped_data(), nullptr,
-                          y->typed_data(), x_dims[0], x_dims[1], w_dims[0]);
+  return Run<Bf16Weights>(pool, x.typed_data(), weight.untyped_data(), y->typed_data(),
+                          x_dims[0], x_dims[1], w_dims[0]);
 }
 
 }  // namespace
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(TgixInt8Matmul, Int8MatmulImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(TgixBf16Matmul, Bf16MatmulImpl,
                               ffi::Ffi::Bind()

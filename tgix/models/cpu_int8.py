@@ -1,23 +1,27 @@
-"""tgix's own int8 matrix product on XLA:CPU (`cpu_int8.cc`, called through XLA's FFI).
+"""tgix's own matrix products on XLA:CPU (`cpu_int8_packed.cc`, `cpu_int8.cc`), called
+through XLA's FFI:
 
-    y [T, N] = (x [T, K] . codes [N, K]^T) * scale [N]     (x float32, codes int8)
-    y [T, N] = x [T, K] . weight [N, K]^T                   (weight bfloat16: the LM head)
+    y [T, N] = (x [T, K] . codes [N, K]^T) * scale [N]   int8 codes, packed (`pack`): the
+                                                         quantized linear layers
+    y [T, N] = x [T, K] . weight [N, K]^T                 bfloat16 weight: the LM head's copy
 
-XLA:CPU has no fast form of this product: "convert then dot" writes a float32 copy of the
-codes on every call, and the int8 x int8 dot (quant.py's two-digit activations) does twice the
-integer work and still runs at ~10 GB/s of codes. The kernel widens each 16 codes to float32
-in registers and multiplies them into up to 8 rows of x, so a decode step reads each weight
-byte once, and the result is the weight-only product (no activation rounding: what TGI's eetq
-computes on GPU). Each output is one fixed-order sum, so a row's result does not depend on
-the other rows of its step (float32 GEMMs here are not batch-invariant). Measured per row
-count in BENCHMARKS.md ("A native int8 kernel on CPU").
+XLA:CPU has no fast form of the int8 product: "convert then dot" writes a float32 copy of the
+codes on every call, and its int8 x int8 dot (quant.py's two-digit activations) runs at a
+fraction of the machine's integer rate. The packed kernel writes each row of x as the same
+two int8 digits (quant.split_activations' rounding, 1/64,000 of the row's largest value) and
+multiplies them into the codes with AVX512-VNNI (64 multiply-adds an instruction, exact int32
+sums), in tiles of rows x outputs held in registers, from codes packed once at load time
+(`pack`: [N/16, K/4, 16, 4] bytes, the shape of one vpdpbusd). Integer sums are exact, so a
+row's result does not depend on the other rows of its step. Measured per row count in
+BENCHMARKS.md ("Packed codes and AVX512-VNNI").
 
-The source is compiled on first use with the machine's C++ compiler (`-march=native`: the
-AVX-512 path where the CPU has it, a portable loop otherwise; ~2 s) into a cache folder
-(`TGIX_KERNEL_CACHE`, default ~/.cache/tgix/kernels) under a name that digests the source,
-the compile command, jaxlib's version and the CPU's feature flags, then loaded and registered
-as the FFI target `tgix_int8_matmul`. No compiler, a failed compile or `TGIX_CPU_KERNELS=0`:
-`available()` is False and quant.py keeps its XLA forms.
+The sources are compiled on first use with the machine's C++ compiler (`-march=native`: the
+AVX512-VNNI / AVX-512 paths where the CPU has them, portable loops otherwise; a few seconds)
+into a cache folder (`TGIX_KERNEL_CACHE`, default ~/.cache/tgix/kernels) under a name that
+digests the sources, the compile command, jaxlib's version and the CPU's feature flags, then
+loaded and registered as FFI targets. No compiler, a failed compile or `TGIX_CPU_KERNELS=0`:
+`available()` is False and quant.py keeps its XLA forms; without AVX512-VNNI (`fast()`) the
+portable loop is correct but slower than those forms, and is not the default.
 
 GSPMD cannot partition an opaque call, so quant.py routes to it only on a one-device mesh
 (each data-parallel replica is one).
@@ -37,13 +41,23 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
-TARGET = "tgix_int8_matmul"
 BF16_TARGET = "tgix_bf16_matmul"
-SOURCE = Path(__file__).with_suffix(".cc")
-_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd", "-w")
+SOURCES = (Path(__file__).with_suffix(".cc"), Path(__file__).with_name("cpu_int8_packed.cc"))
+PACKED_TARGET = "tgix_int8_packed_matmul"
+_FLAGS = (
+    "-O3",
+    "-march=native",
+    "-std=c++17",
+    "-shared",
+    "-fPIC",
+    "-fopenmp-simd",
+    "-ffp-contract=off",
+    "-w",
+)
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}  # "ok": bool once decided; "lib": the loaded library
 
@@ -72,7 +86,9 @@ def library_path() -> Path:
     import jaxlib
 
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(_FLAGS).encode(), jaxlib.__version__.encode()):
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    for part in (" ".join(_FLAGS).encode(), jaxlib.__version__.encode()):
         digest.update(part)
     digest.update(_cpu_flags().encode())
     return _cache_folder() / f"cpu_int8-{digest.hexdigest()[:20]}.so"
@@ -87,7 +103,7 @@ def _build(target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        command = [compiler, *_FLAGS, "-I", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]
+        command = [compiler, *_FLAGS, "-I", jax.ffi.include_dir(), *map(str, SOURCES), "-o", tmp]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed: {done.stderr.strip()[-2000:]}")
@@ -112,6 +128,13 @@ def available() -> bool:
     return bool(_STATE["ok"])
 
 
+def fast() -> bool:
+    """Whether the packed kernel runs its AVX512-VNNI form here (`available()`, and the CPU
+    has avx512_vnni and avx512bw): the default for int8 layers only then."""
+    flags = _cpu_flags().split()
+    return "avx512_vnni" in flags and "avx512bw" in flags and available()
+
+
 def loaded() -> bool | None:
     """Whether the kernel is registered in this process, without building it (None: not
     decided yet)."""
@@ -128,7 +151,10 @@ def _load() -> bool:
             logger.info("building tgix's int8 CPU kernel into %s", path)
             _build(path)
         lib = ctypes.cdll.LoadLibrary(str(path))
-        for name, handler in ((TARGET, lib.TgixInt8Matmul), (BF16_TARGET, lib.TgixBf16Matmul)):
+        for name, handler in (
+            (BF16_TARGET, lib.TgixBf16Matmul),
+            (PACKED_TARGET, lib.TgixInt8PackedMatmul),
+        ):
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler), platform="cpu")
     except Exception as exc:  # a missing compiler or a failed build: the XLA forms still run
         logger.warning("tgix's int8 CPU kernel is unavailable (%s); using XLA's int8 forms", exc)
@@ -137,17 +163,35 @@ def _load() -> bool:
     return True
 
 
-def int8_matmul(x: jax.Array, codes: jax.Array, scale: jax.Array) -> jax.Array:
-    """x [T, K] @ (codes [N, K] int8, scale [N] float32) -> [T, N] in x's dtype, computed in
-    float32 by the kernel (`available()` must be True)."""
-    out = jax.ShapeDtypeStruct((x.shape[0], codes.shape[0]), jnp.float32)
-    y = jax.ffi.ffi_call(TARGET, out)(x.astype(jnp.float32), codes, scale)
-    return y.astype(x.dtype)
-
-
 def bf16_matmul(x: jax.Array, weight: jax.Array) -> jax.Array:
     """x [T, K] @ weight [N, K] (bfloat16).T -> [T, N] float32: each weight widened exactly to
     float32 in registers (the LM head's bfloat16 copy under --quantize eetq: half the bytes of
     the float32 head, read once per 8 rows)."""
     out = jax.ShapeDtypeStruct((x.shape[0], weight.shape[0]), jnp.float32)
     return jax.ffi.ffi_call(BF16_TARGET, out)(x.astype(jnp.float32), weight)
+
+
+def pack(codes) -> np.ndarray:
+    """int8 codes [N, K] -> the packed layout of cpu_int8_packed.cc, uint8 [N/16, K/4, 64]
+    (N and K rounded up; padding is code 0): block b, step k holds outputs 16b..16b+15, each
+    with its inputs 4k..4k+3, every code + 128 as an unsigned byte."""
+    codes = np.asarray(codes, np.int8)
+    n, k = codes.shape
+    n16, k4 = -(-n // 16) * 16, -(-k // 4) * 4
+    unsigned = np.full((n16, k4), 128, np.uint8)
+    unsigned[:n, :k] = codes.view(np.uint8) ^ 0x80  # two's complement + 128
+    blocks = unsigned.reshape(n16 // 16, 16, k4 // 4, 4).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(blocks).reshape(n16 // 16, k4 // 4, 64)
+
+
+def packed_shape(n: int, k: int) -> tuple[int, int, int]:
+    """The shape `pack` gives codes [n, k]."""
+    return -(-n // 16), -(-k // 4), 64
+
+
+def packed_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array) -> jax.Array:
+    """x [T, K] @ (packed codes [N/16, K/4, 64] from `pack`, scale [N]) -> [T, N] in x's
+    dtype: each row of x as two int8 digits (quant.split_activations), exact integer sums."""
+    out = jax.ShapeDtypeStruct((x.shape[0], scale.shape[0]), jnp.float32)
+    y = jax.ffi.ffi_call(PACKED_TARGET, out)(x.astype(jnp.float32), packed, scale)
+    return y.astype(x.dtype)

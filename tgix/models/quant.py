@@ -41,11 +41,6 @@ _CODE_MAX = {np.dtype(np.int8): 127.0, np.dtype(ml_dtypes.float8_e4m3fn): 448.0}
 # convert-then-dot form, whose float32 weight copy is paid once for many rows, is faster).
 CPU_REDUCE_MAX_ROWS = 8
 
-# Rows from which a native layer converts its codes and runs XLA's float32 GEMM instead of
-# tgix's kernel (the default model's 210 projections, ms: 256 rows 360 against 415, 384 rows
-# 560 against 512, 512 rows 700 against 607; BENCHMARKS.md).
-NATIVE_MAX_ROWS = 384
-
 
 def quantize_rows(w: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
     """A float weight [N, K] (out, in: HF's linear layout) -> (codes [N, K], scale [N]
@@ -76,10 +71,10 @@ def qmatmul(
 ) -> jax.Array:
     """x [T, K] @ the kernel (codes [N, K], scale [N]) -> [T, N] in x's dtype.
 
-    native (int8 codes, XLA:CPU, cpu_int8.available()): tgix's own kernel (cpu_int8.py), the
-    weight-only product reading each code once, below NATIVE_MAX_ROWS rows; from there
-    (prompts) the codes are converted and dotted in float32 as XLA's GEMM runs them, which
-    measured faster there (BENCHMARKS.md, "A native int8 kernel on CPU").
+    native (XLA:CPU, cpu_int8.available()): `codes` are packed (cpu_int8.pack, uint8
+    [N/16, K/4, 64]) and tgix's own kernel (cpu_int8_packed.cc) runs the product at every
+    row count: x as two int8 digits (split_activations' rounding), exact integer sums with
+    AVX512-VNNI, each code read once per tile of rows (BENCHMARKS.md, "Packed codes").
 
     int8_activations (int8 codes only): x is written as two int8 digits per element
     (split_activations) and both digit rows go through one int8 x int8 -> int32 dot, which
@@ -88,9 +83,9 @@ def qmatmul(
     Otherwise weight-only: the codes are converted and dotted with x as is (on XLA:CPU, up to
     CPU_REDUCE_MAX_ROWS rows, as a multiply and a last-axis reduce, which reads the codes
     without writing a float copy of them)."""
-    if native and x.shape[0] < NATIVE_MAX_ROWS:
-        return cpu_int8.int8_matmul(x, codes, scale)
-    if int8_activations and not native:  # native prompts: the weight-only dot below
+    if native:
+        return cpu_int8.packed_matmul(x, codes, scale)
+    if int8_activations:
         return _int8_dot(x, codes, scale)
     t = x.shape[0]
     if jax.default_backend() == "cpu" and t <= CPU_REDUCE_MAX_ROWS:
@@ -144,8 +139,9 @@ def default_int8_activations(method: str) -> bool:
 
 def default_native(method: str) -> bool:
     """Whether a method's layers run tgix's int8 CPU kernel by default: int8 codes on XLA:CPU
-    where the kernel builds (cpu_int8.available; TGIX_CPU_KERNELS=0 turns it off)."""
-    return np.dtype(CODES_DTYPE[method]) == np.int8 and cpu_int8.available()
+    where the kernel builds and the CPU has AVX512-VNNI (cpu_int8.fast; elsewhere its
+    portable loop is slower than XLA's forms; TGIX_CPU_KERNELS=0 turns it off)."""
+    return np.dtype(CODES_DTYPE[method]) == np.int8 and cpu_int8.fast()
 
 
 def quantize_abstract(
@@ -160,7 +156,8 @@ def quantize_abstract(
     (reversed for codes), so weights.load_weights fills them and sharding places them as it
     would the kernel. `int8_activations` (None: default_int8_activations) and `native` (None:
     default_native; False on a mesh of several devices, which GSPMD cannot split an FFI call
-    over) pick qmatmul's form for every layer."""
+    over) pick qmatmul's form for every layer; native codes are packed
+    (`cpu_int8.packed_shape`, uint8, replicated)."""
     from tgix.models.layers import Dense
 
     codes_dtype = jnp.dtype(CODES_DTYPE[method])
@@ -177,7 +174,11 @@ def quantize_abstract(
             continue
         k_in, n_out = module.kernel.shape
         axes = module.kernel.axes
-        codes = nnx.Param(jax.ShapeDtypeStruct((n_out, k_in), codes_dtype), axes=axes[::-1])
+        if native:  # weights.load_weights packs them (cpu_int8.pack)
+            packed = jax.ShapeDtypeStruct(cpu_int8.packed_shape(n_out, k_in), jnp.uint8)
+            codes = nnx.Param(packed, axes=("packed",) * 3)
+        else:
+            codes = nnx.Param(jax.ShapeDtypeStruct((n_out, k_in), codes_dtype), axes=axes[::-1])
         module.codes = nnx.data(codes)
         module.scale = nnx.data(
             nnx.Param(jax.ShapeDtypeStruct((n_out,), jnp.float32), axes=axes[-1:])

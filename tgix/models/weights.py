@@ -15,6 +15,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from tgix.models import cpu_int8
 from tgix.models.checkpoint import CheckpointError, TensorSource
 from tgix.models.config import ModelConfig
 from tgix.models.families import family_of
@@ -63,7 +64,8 @@ def load_weights(
     `cfg` is the checkpoint's config; `kv_repeats` copies of each KV head are placed.
     With `quantize` (a tgix/models/quant.py method; the abstract model already quantized by
     quant.quantize_abstract), each linear kernel is quantized on the host, per output
-    channel, and placed as its codes and scale; a 4-bit codebook method (quant_group.
+    channel, and placed as its codes (packed by cpu_int8.pack where the abstract codes are
+    uint8: the native CPU kernel's layout) and scale; a 4-bit codebook method (quant_group.
     CODEBOOK_METHODS, the model from codebook_abstract) quantizes it per block of inputs.
     An out-major float Dense (out_major.out_major_abstract) gets the kernel transposed.
     A source may also hand a quant_group.GroupedWeight (pre-quantized, kept): it is placed
@@ -134,14 +136,16 @@ class _Placer:
             ) from e
         if out_major:
             value = value.T
-        if value.shape != tuple(var.shape):
+        packed = path[-1] == "codes" and var.dtype == np.uint8  # cpu_int8.pack's layout
+        shape = cpu_int8.packed_shape(*value.shape) if packed and value.ndim == 2 else value.shape
+        if shape != tuple(var.shape):
             raise CheckpointError(
                 f"tensor {name!r} has shape {raw.shape}; expected one mapping to {tuple(var.shape)}"
             )
         if path[-1] == "codes":
             codes, scale = quantize_rows(value, quantize)
             scale_path = path[:-1] + ("scale",)
-            self.loaded[path] = _place(var, codes, self.mesh)
+            self.loaded[path] = _place(var, cpu_int8.pack(codes) if packed else codes, self.mesh)
             self.loaded[scale_path] = _place(expected[scale_path], scale, self.mesh)
             return
         self.loaded[path] = _place(var, np.ascontiguousarray(value, dtype=self.dtype), self.mesh)

@@ -30,6 +30,7 @@ LOGICAL_TO_MESH: dict[str, str | None] = {
     "norm": None,
     "draft_heads": None,  # Medusa heads and their blocks (tgix/models/medusa.py)
     "act_order": None,  # a grouped layer's input permutation (tgix/models/quant_group.py)
+    "packed": None,  # cpu_int8.pack's codes (one-device meshes only: an FFI call)
     "router": None,  # MoE router [E, D] (tgix/models/moe.py): every device routes every token
     "experts": "model",  # stacked experts: an expert axis when E divides the model axis...
     "expert_mlp": "model",  # ...else each expert tensor-parallel (a mesh axis is used once)
