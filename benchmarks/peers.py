@@ -6,6 +6,7 @@ on the same GGUF file, transformers float32 from it), plus the machine's rooflin
     python -m benchmarks.peers [--concurrency 1 4 8 16 32 64] [--new-tokens 32]
         [--prompt-words 64] [--requests 8] [--rounds 3] [--settle 30] [--repeats 1]
         [--no-llama-cpp] [--no-hf] [--tgix-quantize eetq ...]
+        [--vllm-python VENV/bin/python] [--ort-python VENV/bin/python]
 
 In order, each engine alone on the machine:
  1. Roofline (benchmarks.roofline): float32 GEMV GB/s over the model's weights (the batch-1
@@ -23,7 +24,10 @@ In order, each engine alone on the machine:
     shape once while idle (its first call on XLA:CPU is 0.1-0.3 s slower: prewarm.py; 60
     shapes took 17-19 s on 2026-12-06, hence 30 s; llama-server warms up before it answers
     /health). Each server is stopped (its whole process group) before the next starts.
- 3. transformers `generate` on static batches of the synthetic prompts (tokenized, cut to the
+ 3. With `--vllm-python`, vLLM's CPU build (float32) through the same sweep; with
+    `--ort-python`, ONNX Runtime GenAI's int4 model in-process on static batches as in 4
+    (benchmarks/peer_engines.py: their venvs, the conversion, the settings).
+ 4. transformers `generate` on static batches of the synthetic prompts (tokenized, cut to the
     shortest so the batch needs no padding), batch = concurrency: output tok/s = B N / t(N),
     TTFT = t(1) (the whole batch's prefill), TPOT = (t(N) - t(1)) / (N - 1).
 Per engine, prompt set and concurrency the medians over repeats of output tokens/s, TTFT p50
@@ -44,10 +48,12 @@ import subprocess
 import sys
 import time
 
-from benchmarks import serve_load
+from benchmarks import peer_engines, serve_load
 from benchmarks.harness import median, print_table, wait_healthy, write_json
 
 KV_TOKENS = 32768
+ORT = "onnxruntime-genai int4 (in-process)"
+PEERS = ("llama.cpp", "vLLM", ORT, "transformers")  # in the tables' order
 METRICS = ("output_token_throughput", "ttft_p50", "tpot_p50", "e2e_p50")
 
 
@@ -154,28 +160,28 @@ def medians(runs: list[list[dict]]) -> list[dict]:
 
 
 def quantized_checks(engine: str, results: dict, name: str, checks: dict) -> None:
-    """A quantized tgix against tgix float32 and llama.cpp (issue 17's targets), one table."""
+    """A quantized tgix against tgix float32 and each serving peer (issue 17's targets)."""
     ours, base = results[engine][name], results["tgix"][name]
-    lc = results.get("llama.cpp", {}).get(name)
+    peers = {p: results[p][name] for p in PEERS if name in results.get(p, {})}
     header = ["concurrency", f"{engine} tok/s", "vs tgix float32", "TTFT p50 s"]
-    header += ["vs llama.cpp"] if lc else []
-    rows, vs_float, vs_lc = [], {}, {}
+    header += [f"vs {p}" for p in peers]
+    rows, vs_float, vs_peer = [], {}, {p: {} for p in peers}
     for i, r in enumerate(ours):
         c, rate = r["concurrency"], r["output_token_throughput"]
         vs_float[c] = rate / base[i]["output_token_throughput"]
         row = [c, rate, vs_float[c], r["ttft_p50"]]
-        if lc:
-            vs_lc[c] = rate / lc[i]["output_token_throughput"]
-            row.append(vs_lc[c])
+        for p, theirs in peers.items():
+            vs_peer[p][c] = rate / theirs[i]["output_token_throughput"]
+            row.append(vs_peer[p][c])
         rows.append(row)
     print_table(f"{name} prompts: {engine}", header, rows)
     if 1 in vs_float:
         checks[f"{name}: {engine} >= 1.8x float32 at 1 ({vs_float[1]:.2f}x)"] = vs_float[1] >= 1.8
     worst = min(vs_float.values())
     checks[f"{name}: {engine} no level slower than float32 (worst {worst:.2f}x)"] = worst >= 1
-    if vs_lc:
-        worst = min(vs_lc.values())
-        checks[f"{name}: {engine} ahead of llama.cpp everywhere (worst {worst:.2f}x)"] = worst > 1
+    for p, ratio in vs_peer.items():
+        worst = min(ratio.values())
+        checks[f"{name}: {engine} ahead of {p} everywhere (worst {worst:.2f}x)"] = worst > 1
 
 
 def report(results: dict, ceilings: dict, args) -> dict:
@@ -185,7 +191,7 @@ def report(results: dict, ceilings: dict, args) -> dict:
         for engine in (e for e in results if e.startswith("tgix --quantize")):
             quantized_checks(engine, results, name, checks)
         ours = results["tgix"][name]
-        peers = {p: results[p][name] for p in ("llama.cpp", "transformers") if name in results[p]}
+        peers = {p: results[p][name] for p in PEERS if name in results.get(p, {})}
         header = ["concurrency", "tgix tok/s", "tgix TTFT p50 s"]
         for p in peers:
             header += [f"{p} tok/s", f"tgix/{p}", f"{p} TTFT p50 s"]
@@ -251,6 +257,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--no-llama-cpp", action="store_true")
     parser.add_argument("--no-hf", action="store_true")
+    parser.add_argument("--vllm-python", help="vLLM's CPU build: its venv's python")
+    parser.add_argument("--vllm-kv-gib", type=int, default=2)
+    parser.add_argument("--ort-python", help="ONNX Runtime GenAI: its venv's python")
     parser.add_argument("--json", default="benchmarks/results/peers.json")
     parser.add_argument("--plot", default="benchmarks/results/peers.png")
     args = parser.parse_args(argv)
@@ -263,7 +272,7 @@ def main(argv=None) -> int:
         for kind in ("synthetic", "text")
     }
     variants = {"tgix": None, **{f"tgix --quantize {q}": q for q in args.tgix_quantize}}
-    runs: dict[str, list[dict]] = {**{v: [] for v in variants}, "llama.cpp": []}
+    runs: dict[str, list[dict]] = {**{v: [] for v in variants}, "llama.cpp": [], "vLLM": []}
     for _ in range(args.repeats):
         for variant, quantize in variants.items():
             port = free_port()
@@ -287,12 +296,28 @@ def main(argv=None) -> int:
                 runs["llama.cpp"].append(sweep_server(port, prompt_sets, args))
             finally:
                 stop(proc)
+        if args.vllm_python:
+            port = free_port()
+            proc = peer_engines.start_vllm(
+                args.vllm_python, port, log_path,
+                max_seqs=max(args.concurrency), kv_gib=args.vllm_kv_gib,
+            )  # fmt: skip
+            try:
+                time.sleep(args.settle)
+                runs["vLLM"].append(sweep_server(port, prompt_sets, args))
+            finally:
+                stop(proc)
     results = {
         engine: {name: medians([r[name] for r in sweeps]) for name in prompt_sets}
         for engine, sweeps in runs.items()
         if sweeps
     }
     results.setdefault("llama.cpp", {})
+    results[ORT] = {}
+    if args.ort_python:
+        results[ORT]["synthetic"] = peer_engines.ort_static(
+            args.ort_python, prompt_sets["synthetic"], args.concurrency, args.new_tokens
+        )
     results["transformers"] = {}
     if not args.no_hf:
         results["transformers"]["synthetic"] = hf_static(

@@ -59,15 +59,42 @@ struct Digits {
   std::vector<float> s;
   std::vector<int32_t> high_sum, low_sum;
 
+  // Row t of x [T, K] -> its digits, s and digit sums. The AVX-512 form computes the same
+  // IEEE operations 16 at a time (a test compares it bit for bit with the scalar one): at 512
+  // rows, the scalar loop took a third of a K/V projection's time.
   void Quantize(const float* x, int64_t t) {
     const float* row = x + t * K;
     int8_t* hi = high.data() + t * K4;
     int8_t* lo = low.data() + t * K4;
+    int64_t k = 0;
     float absmax = 0.0f;
-    for (int64_t k = 0; k < K; ++k) absmax = std::max(absmax, std::fabs(row[k]));
+#if defined(TGIX_VNNI)
+    __m512 vmax = _mm512_setzero_ps();
+    for (; k + 16 <= K; k += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
+    absmax = _mm512_reduce_max_ps(vmax);
+#endif
+    for (; k < K; ++k) absmax = std::max(absmax, std::fabs(row[k]));
     const float scale = absmax > 0.0f ? absmax / 127.0f : 1.0f;
     int32_t hs = 0, ls = 0;
-    for (int64_t k = 0; k < K; ++k) {
+    k = 0;
+#if defined(TGIX_VNNI)
+    const __m512 vscale = _mm512_set1_ps(scale), vdigit = _mm512_set1_ps(kDigit);
+    __m512i hsum = _mm512_setzero_si512(), lsum = _mm512_setzero_si512();
+    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (; k + 16 <= K; k += 16) {
+      const __m512 v = _mm512_div_ps(_mm512_loadu_ps(row + k), vscale);
+      const __m512 h = _mm512_roundscale_ps(v, kNearest);
+      const __m512 l = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sub_ps(v, h), vdigit), kNearest);
+      const __m512i hi32 = _mm512_cvtps_epi32(h), lo32 = _mm512_cvtps_epi32(l);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + k), _mm512_cvtepi32_epi8(hi32));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + k), _mm512_cvtepi32_epi8(lo32));
+      hsum = _mm512_add_epi32(hsum, hi32);
+      lsum = _mm512_add_epi32(lsum, lo32);
+    }
+    hs = _mm512_reduce_add_epi32(hsum);
+    ls = _mm512_reduce_add_epi32(lsum);
+#endif
+    for (; k < K; ++k) {
       const float v = row[k] / scale;
       const float h = std::nearbyint(v);  // round half to even, as jnp.round
       const float l = std::nearbyint((v - h) * kDigit);
