@@ -63,14 +63,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_tgix(port: int, log_path: str, quantize: str | None = None) -> subprocess.Popen:
+def start_tgix(
+    port: int, log_path: str, quantize: str | None = None, timeout_s: float = 1200
+) -> subprocess.Popen:
     args = [sys.executable, "-m", "tgix.serve", "--port", str(port),
             "--max-batch-total-tokens", str(KV_TOKENS), "--max-batch-size", "64"]  # fmt: skip
     if quantize:
         args += ["--quantize", quantize]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    wait_healthy(port, proc, timeout_s=600)
+    wait_healthy(port, proc, timeout_s=timeout_s)  # a cold start compiles for minutes
     return proc
 
 

@@ -155,16 +155,20 @@ void Tile(const Digits& d, const uint8_t* packed, const float* scale, float* y, 
   const int64_t steps = d.K4 / 4;  // 4 inputs per step
   __m512i acc[2 * R * J];
   for (int i = 0; i < 2 * R * J; ++i) acc[i] = _mm512_setzero_si512();
-  const int32_t* rows[2 * R];  // high, low digits of each row
+  const int8_t* rows[2 * R];  // high, low digits of each row
   for (int r = 0; r < R; ++r) {
-    rows[2 * r] = reinterpret_cast<const int32_t*>(d.high.data() + (t0 + r) * d.K4);
-    rows[2 * r + 1] = reinterpret_cast<const int32_t*>(d.low.data() + (t0 + r) * d.K4);
+    rows[2 * r] = d.high.data() + (t0 + r) * d.K4;
+    rows[2 * r + 1] = d.low.data() + (t0 + r) * d.K4;
   }
   const uint8_t* w = packed + b0 * steps * 64;
   for (int64_t k = 0; k < steps; ++k) {
     __m512i wv[J], digits[2 * R];
     for (int j = 0; j < J; ++j) wv[j] = _mm512_loadu_si512(w + (j * steps + k) * 64);
-    for (int i = 0; i < 2 * R; ++i) digits[i] = _mm512_set1_epi32(rows[i][k]);
+    for (int i = 0; i < 2 * R; ++i) {
+      int32_t four;  // 4 digits as one lane (memcpy: no aliasing of int8 data as int32)
+      std::memcpy(&four, rows[i] + 4 * k, sizeof four);
+      digits[i] = _mm512_set1_epi32(four);
+    }
     Step<J>(acc, wv, digits, std::make_index_sequence<2 * R * J>());
   }
   Finish<J>(acc, d, scale, y, N, t0, b0, std::make_index_sequence<R * J>());
