@@ -5,7 +5,8 @@ stdin, writes one row per level as JSON on stdout:
     {"concurrency": B, "output_token_throughput": B N / t(N), "ttft_p50": t(1),
      "tpot_p50": (t(N) - t(1)) / (N - 1), "e2e_p50": t(N)}
 
-Each batch is B prompts (cycled) cut to the shortest one's tokens, so no padding; greedy,
+Each batch is B prompts (cycled) cut to the shortest one's tokens, so no padding (above 32
+rows, the library's limit, batches of 32 one after another); greedy,
 exactly N new tokens (EOS cannot end a row: min_length = max_length); t(k) is a fresh
 generator's time to k new tokens, the median of 3 runs after a warm-up.
 """
@@ -18,8 +19,19 @@ import time
 import numpy as np
 import onnxruntime_genai as og
 
+MAX_BATCH = 32  # onnxruntime-genai 0.18 refuses batch_size > 32 ("must be in [1, 32]")
+
 
 def timed(model, rows: np.ndarray, new_tokens: int) -> float:
+    """Seconds to generate new_tokens for every row: one generator per MAX_BATCH rows, one
+    after another (what a caller of this library can do with more rows than that)."""
+    return sum(
+        timed_batch(model, rows[i : i + MAX_BATCH], new_tokens)
+        for i in range(0, len(rows), MAX_BATCH)
+    )
+
+
+def timed_batch(model, rows: np.ndarray, new_tokens: int) -> float:
     batch, length = rows.shape
     params = og.GeneratorParams(model)
     total = length + new_tokens
