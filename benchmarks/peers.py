@@ -275,15 +275,19 @@ def main(argv=None) -> int:
     }
     variants = {"tgix": None, **{f"tgix --quantize {q}": q for q in args.tgix_quantize}}
     runs: dict[str, list[dict]] = {**{v: [] for v in variants}, "llama.cpp": [], "vLLM": []}
+
+    def settle_and_sweep(proc: subprocess.Popen, port: int) -> dict:
+        try:
+            time.sleep(args.settle)
+            return sweep_server(port, prompt_sets, args)
+        finally:
+            stop(proc)
+
     for _ in range(args.repeats):
         for variant, quantize in variants.items():
             port = free_port()
             proc = start_tgix(port, log_path, quantize)
-            try:
-                time.sleep(args.settle)
-                runs[variant].append(sweep_server(port, prompt_sets, args))
-            finally:
-                stop(proc)
+            runs[variant].append(settle_and_sweep(proc, port))
         if not args.no_llama_cpp:
             from benchmarks import llama_cpp
             from tgix.models.hub import default_model_file
@@ -293,22 +297,14 @@ def main(argv=None) -> int:
                 default_model_file(), port=port, parallel=max(args.concurrency),
                 log_path=log_path,
             )  # fmt: skip
-            try:
-                time.sleep(args.settle)
-                runs["llama.cpp"].append(sweep_server(port, prompt_sets, args))
-            finally:
-                stop(proc)
+            runs["llama.cpp"].append(settle_and_sweep(proc, port))
         if args.vllm_python:
             port = free_port()
             proc = peer_engines.start_vllm(
                 args.vllm_python, port, log_path,
                 max_seqs=max(args.concurrency), kv_gib=args.vllm_kv_gib,
             )  # fmt: skip
-            try:
-                time.sleep(args.settle)
-                runs["vLLM"].append(sweep_server(port, prompt_sets, args))
-            finally:
-                stop(proc)
+            runs["vLLM"].append(settle_and_sweep(proc, port))
     results = {
         engine: {name: medians([r[name] for r in sweeps]) for name in prompt_sets}
         for engine, sweeps in runs.items()
