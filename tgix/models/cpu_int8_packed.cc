@@ -55,7 +55,7 @@ constexpr float kDigit = 254.0f;
 // The quantized rows of x: digits [T, K4] (zero past K), the scale s and each digit row's sum.
 struct Digits {
   int64_t T = 0, K = 0, K4 = 0;
-  std::vector<int8_t> high, low;
+  std::unique_ptr<int8_t[]> high, low;  // not zeroed up front: Quantize writes padding
   std::vector<float> s;
   std::vector<int32_t> high_sum, low_sum;
 
@@ -64,8 +64,10 @@ struct Digits {
   // rows, the scalar loop took a third of a K/V projection's time.
   void Quantize(const float* x, int64_t t) {
     const float* row = x + t * K;
-    int8_t* hi = high.data() + t * K4;
-    int8_t* lo = low.data() + t * K4;
+    int8_t* hi = high.get() + t * K4;
+    int8_t* lo = low.get() + t * K4;
+    std::memset(hi + K, 0, K4 - K);  // padding digits: 0
+    std::memset(lo + K, 0, K4 - K);
     int64_t k = 0;
     float absmax = 0.0f;
 #if defined(TGIX_VNNI)
@@ -157,8 +159,8 @@ void Tile(const Digits& d, const uint8_t* packed, const float* scale, float* y, 
   for (int i = 0; i < 2 * R * J; ++i) acc[i] = _mm512_setzero_si512();
   const int8_t* rows[2 * R];  // high, low digits of each row
   for (int r = 0; r < R; ++r) {
-    rows[2 * r] = d.high.data() + (t0 + r) * d.K4;
-    rows[2 * r + 1] = d.low.data() + (t0 + r) * d.K4;
+    rows[2 * r] = d.high.get() + (t0 + r) * d.K4;
+    rows[2 * r + 1] = d.low.get() + (t0 + r) * d.K4;
   }
   const uint8_t* w = packed + b0 * steps * 64;
   for (int64_t k = 0; k < steps; ++k) {
@@ -183,8 +185,8 @@ void Tile(const Digits& d, const uint8_t* packed, const float* scale, float* y, 
   const int64_t steps = d.K4 / 4;
   for (int r = 0; r < R; ++r) {
     const int64_t t = t0 + r;
-    const int8_t* hi = d.high.data() + t * d.K4;
-    const int8_t* lo = d.low.data() + t * d.K4;
+    const int8_t* hi = d.high.get() + t * d.K4;
+    const int8_t* lo = d.low.get() + t * d.K4;
     for (int j = 0; j < J; ++j) {
       int32_t h[16] = {0}, l[16] = {0};
       const uint8_t* w = packed + (b0 + j) * steps * 64;
@@ -262,8 +264,8 @@ ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   d.T = x_dims[0];
   d.K = x_dims[1];
   d.K4 = p_dims[1] * 4;
-  d.high.assign(d.T * d.K4, 0);
-  d.low.assign(d.T * d.K4, 0);
+  d.high.reset(new int8_t[d.T * d.K4]);
+  d.low.reset(new int8_t[d.T * d.K4]);
   d.s.resize(d.T);
   d.high_sum.resize(d.T);
   d.low_sum.resize(d.T);
