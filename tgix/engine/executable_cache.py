@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 def _source_digest() -> str:
     root = Path(__file__).resolve().parents[1]  # the tgix package
     digest = hashlib.sha256()
-    for path in sorted([*root.rglob("*.py"), *root.rglob("*.cc")]):  # .cc: native kernels
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.cc"), *root.rglob("*.h")]):  # kernels
         digest.update(path.relative_to(root).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 BF16_TARGET = "tgix_bf16_matmul"
 SOURCES = (Path(__file__).with_suffix(".cc"), Path(__file__).with_name("cpu_int8_packed.cc"))
+HEADERS = (Path(__file__).with_name("cpu_pool.h"),)  # included by SOURCES: in the digest too
 PACKED_TARGET = "tgix_int8_packed_matmul"
 _FLAGS = (
     "-O3",
@@ -86,7 +87,7 @@ def library_path() -> Path:
     import jaxlib
 
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
     for part in (" ".join(_FLAGS).encode(), jaxlib.__version__.encode()):
         digest.update(part)

@@ -17,11 +17,10 @@
 //
 // A tile is R rows x J blocks of 16 outputs: 2 * R * J int32 accumulators (R * J per digit)
 // in registers, each 64-byte load of codes used for R rows, each broadcast digit for J blocks.
-// Work (tiles of rows x output panels) is split over the caller and XLA's intra-op pool from
-// a shared counter, after the rows are quantized (also shared).
+// Work (tiles of rows x output panels) is split over the caller and XLA's intra-op pool
+// (cpu_pool.h), after the rows are quantized (also shared).
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -34,6 +33,7 @@
 #define TGIX_VNNI 1
 #endif
 
+#include "cpu_pool.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -215,40 +215,15 @@ void Panel(const Digits& d, const uint8_t* packed, const float* scale, float* y,
   for (; t < t1; ++t) Tile<1, J>(d, packed, scale, y, N, t, b0);
 }
 
-struct Shared {
-  Digits d;
-  const float* x;
-  const uint8_t* packed;
-  const float* scale;
-  float* y;
-  int64_t N, blocks, panels, chunks, quant_units, units;
-  std::atomic<int64_t> next_quant{0}, quantized{0};  // first phase: rows to digits
-  std::atomic<int64_t> next{0}, done{0};             // second phase: tiles
-
-  void Work() {
-    for (int64_t u; (u = next_quant.fetch_add(1, std::memory_order_relaxed)) < quant_units;) {
-      const int64_t t1 = std::min(d.T, (u + 1) * kQuantChunk);
-      for (int64_t t = u * kQuantChunk; t < t1; ++t) d.Quantize(x, t);
-      quantized.fetch_add(1, std::memory_order_release);
-    }
-    while (quantized.load(std::memory_order_acquire) < quant_units) {
-#if defined(TGIX_VNNI)
-      _mm_pause();
-#endif
-    }
-    for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < units;) {
-      const int64_t panel = u % panels, chunk = u / panels;
-      const int64_t b0 = panel * kPanel, t0 = chunk * kRowChunk;
-      const int64_t t1 = std::min(d.T, t0 + kRowChunk);
-      switch (std::min<int64_t>(kPanel, blocks - b0)) {
-        case 3: Panel<3>(d, packed, scale, y, N, t0, t1, b0); break;
-        case 2: Panel<2>(d, packed, scale, y, N, t0, t1, b0); break;
-        default: Panel<1>(d, packed, scale, y, N, t0, t1, b0); break;
-      }
-      done.fetch_add(1, std::memory_order_release);
-    }
+// Rows t0..t1 of the panel at blocks b0.. (up to kPanel blocks).
+void Unit(const Digits& d, const uint8_t* packed, const float* scale, float* y, int64_t N,
+          int64_t blocks, int64_t t0, int64_t t1, int64_t b0) {
+  switch (std::min<int64_t>(kPanel, blocks - b0)) {
+    case 3: Panel<3>(d, packed, scale, y, N, t0, t1, b0); break;
+    case 2: Panel<2>(d, packed, scale, y, N, t0, t1, b0); break;
+    default: Panel<1>(d, packed, scale, y, N, t0, t1, b0); break;
   }
-};
+}
 
 ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                             ffi::Buffer<ffi::U8> packed, ffi::Buffer<ffi::F32> scale,
@@ -259,8 +234,7 @@ ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
       p_dims[0] != (N + 15) / 16 || p_dims[1] * 4 < x_dims[1] || p_dims[1] * 4 >= x_dims[1] + 4)
     return ffi::Error::InvalidArgument(
         "tgix_int8_packed_matmul: x [T, K], packed [N/16, K/4, 64] and scale [N]");
-  auto state = std::make_shared<Shared>();
-  Digits& d = state->d;
+  Digits d;
   d.T = x_dims[0];
   d.K = x_dims[1];
   d.K4 = p_dims[1] * 4;
@@ -269,26 +243,23 @@ ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   d.s.resize(d.T);
   d.high_sum.resize(d.T);
   d.low_sum.resize(d.T);
-  state->x = x.typed_data();
-  state->packed = packed.typed_data();
-  state->scale = scale.typed_data();
-  state->y = y->typed_data();
-  state->N = N;
-  state->blocks = p_dims[0];
-  state->panels = (state->blocks + kPanel - 1) / kPanel;
-  state->chunks = (d.T + kRowChunk - 1) / kRowChunk;
-  state->quant_units = (d.T + kQuantChunk - 1) / kQuantChunk;
-  state->units = state->panels * state->chunks;
-  int64_t helpers = std::max<int64_t>(pool.num_threads() - 1, 0);
-  if (d.T * N * d.K < kParallelMin) helpers = 0;
-  helpers = std::min(helpers, state->units - 1);
-  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([state] { state->Work(); });
-  state->Work();
-  while (state->done.load(std::memory_order_acquire) < state->units) {
-#if defined(TGIX_VNNI)
-    _mm_pause();
-#endif
-  }
+  const float* xs = x.typed_data();
+  const bool parallel = d.T * N * d.K >= kParallelMin;
+  // first the rows as digits (the caller alone for up to kQuantChunk rows), then the tiles
+  const int64_t quant_units = (d.T + kQuantChunk - 1) / kQuantChunk;
+  tgix::ParallelFor(pool, quant_units, parallel, [&d, xs](int64_t u) {
+    const int64_t t1 = std::min(d.T, (u + 1) * kQuantChunk);
+    for (int64_t t = u * kQuantChunk; t < t1; ++t) d.Quantize(xs, t);
+  });
+  const int64_t blocks = p_dims[0], panels = (blocks + kPanel - 1) / kPanel;
+  const int64_t chunks = (d.T + kRowChunk - 1) / kRowChunk;
+  const uint8_t* codes = packed.typed_data();
+  const float* scales = scale.typed_data();
+  float* ys = y->typed_data();
+  tgix::ParallelFor(pool, panels * chunks, parallel, [&, blocks, panels](int64_t u) {
+    const int64_t t0 = (u / panels) * kRowChunk, b0 = (u % panels) * kPanel;
+    Unit(d, codes, scales, ys, N, blocks, t0, std::min(d.T, t0 + kRowChunk), b0);
+  });
   return ffi::Error::Success();
 }
 
